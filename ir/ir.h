@@ -1,0 +1,283 @@
+/* ir/ir.h: the model description and the graph IR, shared by the compiler.
+ *
+ * The frontend fills a kiln_model; passes/lower.c turns it into a
+ * kiln_ir_graph; the cost model and later passes read the graph. Everything
+ * here lives in one kiln_arena per compilation and is freed with it.
+ *
+ * Sizes that depend on expert load are linear functions of N, the number of
+ * (token, expert) rows this device's local experts receive for one
+ * micro-batch in one MoE layer. Everything else is constant in N.
+ */
+#ifndef KILN_IR_H
+#define KILN_IR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---------------------------------------------------------------- arena.c */
+
+typedef struct kiln_arena kiln_arena;
+
+/* A new empty arena, or NULL when memory is exhausted. Owned by the caller;
+ * release with kiln_arena_free. */
+kiln_arena *kiln_arena_new(void);
+/* Zeroed memory aligned to 16 bytes, valid until the arena is freed; NULL when
+ * memory is exhausted or bytes is absurd (over 1 GiB). */
+void *kiln_arena_alloc(kiln_arena *a, size_t bytes);
+/* Arena copy of s (borrowed); NULL on exhaustion. */
+char *kiln_arena_strdup(kiln_arena *a, const char *s);
+/* Arena copy of len bytes of s plus a terminating NUL. */
+char *kiln_arena_strndup(kiln_arena *a, const char *s, size_t len);
+/* Frees every allocation made from a. NULL is allowed. */
+void kiln_arena_free(kiln_arena *a);
+/* Bytes handed out so far (for benchmarks). */
+size_t kiln_arena_used(const kiln_arena *a);
+
+/* ---------------------------------------------------------------- model */
+
+typedef enum { KILN_ATTN_FLASH, KILN_ATTN_EAGER } kiln_attention;
+typedef enum { KILN_FN_SWIGLU, KILN_FN_GELU } kiln_fn;
+typedef enum { KILN_DTYPE_BF16, KILN_DTYPE_FP16, KILN_DTYPE_FP8 } kiln_dtype;
+typedef enum { KILN_OPTIM_ADAM, KILN_OPTIM_SGD } kiln_optimizer;
+typedef enum { KILN_SCHED_1F1B, KILN_SCHED_INTERLEAVED } kiln_schedule;
+
+/* A hardware profile (DESIGN.md 5.1). Bandwidths in GB/s (1e9 bytes/s),
+ * memory in GiB (2^30 bytes), compute in TFLOP/s (1e12). */
+typedef struct kiln_hardware {
+	const char *name;
+	const char *source; /* file the profile came from, or "<shipped:NAME>" */
+	double memory_gib;
+	double reserved_gib;
+	double peak_tflops;
+	double gemm_efficiency; /* (0, 1] */
+	double hbm_gbps;
+	double h2d_gbps;
+	double d2h_gbps;
+	double host_memory_gib;
+	int64_t devices_per_node;
+	double intra_node_gbps;
+	double inter_node_gbps;
+} kiln_hardware;
+
+/* A validated model description (DESIGN.md 5.1). Every field is set: the
+ * frontend applies defaults. Counts are positive unless noted. */
+typedef struct kiln_model {
+	const char *path; /* file it was read from */
+	const char *name;
+
+	/* model: */
+	int64_t layers;
+	int64_t dense_layers; /* >= 0; all layers when moe is false */
+	int64_t hidden;
+	int64_t ffn_hidden;
+	int64_t heads;
+	int64_t kv_heads;
+	int64_t head_dim; /* for MLA: the no-position (nope) part of q/k heads */
+	int64_t vocab;
+	int64_t seq_len;
+	kiln_attention attention;
+	kiln_fn activation;
+	double dropout; /* [0, 1) */
+
+	/* model.mla: (multi-head latent attention, DeepSeek-V2/V3, Kimi K2) */
+	bool mla;
+	int64_t q_lora_rank;   /* 0: queries are projected directly */
+	int64_t kv_lora_rank;
+	int64_t rope_head_dim; /* extra q/k head width carrying rotary position */
+	int64_t v_head_dim;
+
+	/* model.moe: */
+	bool moe;
+	int64_t experts;
+	int64_t shared_experts; /* >= 0 */
+	int64_t top_k;
+	int64_t expert_ffn_hidden;
+	kiln_fn moe_activation;
+
+	/* training: */
+	int64_t micro_batch;   /* sequences per micro-batch */
+	int64_t global_batch;  /* sequences per iteration */
+	kiln_dtype dtype;
+	kiln_optimizer optimizer;
+	bool distributed_optimizer;
+
+	/* parallel: */
+	int64_t devices;
+	int64_t tp;
+	int64_t pp;
+	int64_t ep; /* 1 for a dense model */
+	bool sequence_parallel;
+	kiln_schedule schedule;
+	int64_t vpp; /* model chunks per stage; 1 unless interleaved */
+	/* Layers per model chunk, pp * vpp entries in model order; chunk c runs
+	 * on stage c % pp. Always filled (the default split is computed). */
+	int64_t *stage_layers;
+	size_t n_stage_layers;
+
+	kiln_hardware hw;
+
+	/* load: */
+	double max_factor; /* >= 1 */
+
+	/* Derived by the frontend after validation. */
+	int64_t dp;            /* devices / (tp * pp) */
+	int64_t edp;           /* expert data-parallel size: dp * tp / ep */
+	int64_t micro_batches; /* per iteration per pipeline: global / (micro * dp) */
+} kiln_model;
+
+/* ---------------------------------------------------------------- graph */
+
+/* value = base + per_n * N, exact in bytes. */
+typedef struct kiln_lin {
+	uint64_t base;
+	uint64_t per_n;
+} kiln_lin;
+
+/* value = base + per_n * N, for FLOPs and traffic (not exact). */
+typedef struct kiln_linf {
+	double base;
+	double per_n;
+} kiln_linf;
+
+static inline double kiln_lin_at(kiln_lin l, double n)
+{
+	return (double)l.base + (double)l.per_n * n;
+}
+
+static inline double kiln_linf_at(kiln_linf l, double n)
+{
+	return l.base + l.per_n * n;
+}
+
+typedef enum {
+#define X(e, s, c) KILN_OP_##e,
+#include "ops.def"
+#undef X
+	KILN_OP_COUNT
+} kiln_op_kind;
+
+typedef enum {
+	KILN_OPCLASS_GEMM,
+	KILN_OPCLASS_MEM,
+	KILN_OPCLASS_ATTN,
+	KILN_OPCLASS_COMM_TP,
+	KILN_OPCLASS_COMM_EP,
+	KILN_OPCLASS_COMM_PP
+} kiln_op_class;
+
+typedef enum {
+	KILN_LAYER_EMBED, /* embedding, on the first stage */
+	KILN_LAYER_DENSE, /* attention + dense FFN */
+	KILN_LAYER_MOE,   /* attention + MoE */
+	KILN_LAYER_HEAD   /* final norm, output layer, loss, on the last stage */
+} kiln_layer_kind;
+
+/* Tensor flags. */
+enum {
+	KILN_T_SAVED = 1u << 0,  /* backward needs it: resident until backward */
+	KILN_T_EXPERT = 1u << 1, /* size scales with the local expert load N */
+	KILN_T_MASK = 1u << 2    /* a 1-byte dropout mask */
+};
+
+typedef struct kiln_ir_tensor {
+	const char *name;  /* unique within its layer, e.g. "attn.q" */
+	int32_t layer;     /* index into graph->layers */
+	int32_t producer;  /* forward op that writes it, index into graph->ops */
+	int32_t alias;     /* tensor whose buffer this one shares (counted once), or -1 */
+	uint32_t flags;
+	kiln_lin bytes;    /* per micro-batch, on one device */
+} kiln_ir_tensor;
+
+typedef struct kiln_ir_op {
+	kiln_op_kind kind;
+	bool backward;
+	int32_t layer;     /* index into graph->layers */
+	int32_t forward;   /* for a backward op: its forward op; else -1 */
+	const char *name;  /* unique within its layer, e.g. "attn.qkv_proj" */
+	kiln_linf flops;   /* per micro-batch on one device */
+	kiln_linf traffic; /* HBM bytes read + written, for MEM and ATTN ops */
+	kiln_linf comm_bytes; /* bytes each rank sends, for COMM ops */
+	int32_t comm_group;   /* ranks in the collective, for COMM ops */
+	uint64_t params_local;  /* weight elements held by one device */
+	uint64_t params_global; /* weight elements in the whole model */
+	bool expert_params;     /* weights sharded by EP (optimizer by edp) */
+	int32_t *inputs;  /* tensor indices, arena-owned */
+	int32_t n_inputs;
+	int32_t *outputs;
+	int32_t n_outputs;
+} kiln_ir_op;
+
+typedef struct kiln_ir_layer {
+	kiln_layer_kind kind;
+	int32_t index;       /* model layer number, 0-based; -1 for embed and head */
+	int32_t stage;
+	int32_t chunk;       /* virtual pipeline chunk on its stage, 0..vpp-1 */
+	int32_t op_begin, op_end;         /* [begin, end) into graph->ops: forward ops, then backward */
+	int32_t tensor_begin, tensor_end; /* [begin, end) into graph->tensors */
+	double n_balanced;   /* N at load factor 1 (0 when not MoE) */
+} kiln_ir_layer;
+
+typedef struct kiln_ir_stage {
+	int32_t index;
+	int32_t layer_begin, layer_end; /* [begin, end) into graph->layers, in execution order */
+} kiln_ir_stage;
+
+typedef struct kiln_ir_graph {
+	const kiln_model *model; /* borrowed; outlives the graph */
+	kiln_ir_stage *stages;
+	int32_t n_stages;
+	kiln_ir_layer *layers;
+	int32_t n_layers;
+	kiln_ir_op *ops;
+	int32_t n_ops;
+	kiln_ir_tensor *tensors;
+	int32_t n_tensors;
+} kiln_ir_graph;
+
+/* ---------------------------------------------------------------- ir.c */
+
+/* Printed name and class of an op kind. */
+const char *kiln_ir_op_kind_name(kiln_op_kind k);
+kiln_op_class kiln_ir_op_kind_class(kiln_op_kind k);
+const char *kiln_ir_layer_kind_name(kiln_layer_kind k);
+/* Bytes per activation element for the model's dtype (2 for bf16/fp16, 1 for fp8). */
+uint64_t kiln_model_act_bytes(const kiln_model *m);
+
+typedef struct kiln_ir_builder kiln_ir_builder;
+
+/* A builder that allocates the graph from a (borrowed, must outlive the
+ * graph). NULL on exhaustion. */
+kiln_ir_builder *kiln_ir_builder_new(kiln_arena *a, const kiln_model *m);
+/* Starts a new stage; stages must come in order 0..pp-1. Returns 0 or -1. */
+int kiln_ir_builder_stage(kiln_ir_builder *b);
+/* Starts a new layer on the current stage. Returns its index or -1. */
+int32_t kiln_ir_builder_layer(kiln_ir_builder *b, kiln_layer_kind kind, int32_t index,
+                              int32_t chunk, double n_balanced);
+/* Adds a tensor to the current layer; name is copied. producer is set by the
+ * op that lists it as an output. Returns its index or -1. */
+int32_t kiln_ir_builder_tensor(kiln_ir_builder *b, const char *name, kiln_lin bytes,
+                               uint32_t flags, int32_t alias);
+/* Adds a copy of *op (name, inputs and outputs are copied; layer is set) to the
+ * current layer. Returns its index or -1. */
+int32_t kiln_ir_builder_op(kiln_ir_builder *b, const kiln_ir_op *op);
+/* The finished graph, arena-owned; NULL on exhaustion. The builder is
+ * consumed. */
+kiln_ir_graph *kiln_ir_builder_finish(kiln_ir_builder *b);
+
+/* ---------------------------------------------------------------- verify.c */
+
+/* Checks the graph's invariants (indices in range, every saved tensor has a
+ * producer before its consumers, aliases point to earlier tensors of the same
+ * size in the same layer, stages cover the model's layers in order, backward
+ * ops follow forward ops, ...). Returns 0, or -1 after writing one line per
+ * violation to err (may be NULL). A violation is a compiler bug. */
+int kiln_ir_graph_verify(const kiln_ir_graph *g, FILE *err);
+
+/* ---------------------------------------------------------------- print.c */
+
+/* Readable text form of the whole graph. */
+void kiln_ir_graph_print(const kiln_ir_graph *g, FILE *out);
+
+#endif

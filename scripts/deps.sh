@@ -1,0 +1,33 @@
+#!/bin/sh
+# Installs the Debian 12 packages kiln needs that are missing. As root it runs
+# apt-get; as anyone else it prints the exact command to run and fails.
+set -eu
+
+PACKAGES="build-essential cmake pkg-config libyaml-dev libcjson-dev libglpk-dev \
+libcriterion-dev libmlir-16-dev mlir-16-tools"
+
+missing=""
+for p in $PACKAGES; do
+	status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+	case "$status" in
+	*"install ok installed"*) ;;
+	*) missing="$missing $p" ;;
+	esac
+done
+
+if [ -z "$missing" ]; then
+	exit 0
+fi
+
+cmd="apt-get install -y --no-install-recommends$missing"
+if [ "$(id -u)" -ne 0 ]; then
+	echo "kiln: missing Debian packages:$missing" >&2
+	echo "kiln: install them with:" >&2
+	echo "  sudo apt-get update && sudo $cmd" >&2
+	exit 1
+fi
+
+echo "kiln: installing$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+$cmd
