@@ -17,7 +17,8 @@
 #define KILN_FRONTEND_MAX_DEPTH 32
 #define KILN_FRONTEND_MAX_NODES 100000 /* after alias expansion */
 #define KILN_FRONTEND_MAX_ERRORS 100
-#define KILN_FRONTEND_MAX_ANCHORS 256 /* distinct anchor names per file */
+#define KILN_FRONTEND_MAX_ANCHORS 256   /* distinct anchor names per file */
+#define KILN_FRONTEND_MAX_LAYERS 100000 /* model.layers; IR indices are 32-bit */
 
 /* Status codes. */
 enum {

@@ -1,0 +1,721 @@
+/* frontend/validate.c: requiredness, defaults, the semantic rules and the
+ * derived fields of a model description (docs/model-format.md).
+ *
+ * A field that already has an error is BAD; every rule that reads a BAD field
+ * is skipped, so one mistake gives one message. All arithmetic on user
+ * integers is checked. */
+#include <math.h>
+#include <string.h>
+
+#include "frontend/internal.h"
+
+/* Sizes whose byte counts reach this are rejected (headroom for the sums the
+ * compiler forms from them). */
+#define SIZE_LIMIT ((uint64_t)1 << 62)
+
+typedef struct vctx {
+	kiln_fe_ctx *c;
+	const kiln_fe_node *root;
+	kiln_fe_field f[KILN_FE_F_COUNT];
+} vctx;
+
+#define FLD(id) (&v->f[KILN_FE_F_##id])
+#define OK(id) (v->f[KILN_FE_F_##id].state != KILN_FE_BAD)
+#define VAL(id) (v->f[KILN_FE_F_##id].i)
+
+/* The value node of the first present field among a, b; else the root. */
+static const kiln_fe_node *where2(const vctx *v, kiln_fe_field_id a, kiln_fe_field_id b)
+{
+	if (v->f[a].value)
+		return v->f[a].value;
+	if (v->f[b].value)
+		return v->f[b].value;
+	return v->root;
+}
+
+static const kiln_fe_node *where(const vctx *v, kiln_fe_field_id a)
+{
+	return where2(v, a, a);
+}
+
+/* The node a missing key of section s is reported at: its section's key. */
+static const kiln_fe_node *section_node(const vctx *v, kiln_fe_section s)
+{
+	switch (s) {
+	case KILN_FE_S_MODEL:
+		return FLD(MODEL)->key;
+	case KILN_FE_S_MLA:
+		return FLD(MLA)->key;
+	case KILN_FE_S_MOE:
+		return FLD(MOE)->key;
+	case KILN_FE_S_TRAINING:
+		return FLD(TRAINING)->key;
+	case KILN_FE_S_PARALLEL:
+		return FLD(PARALLEL)->key;
+	case KILN_FE_S_LOAD:
+		return FLD(LOAD)->key;
+	default:
+		return v->root;
+	}
+}
+
+/* A required key: reports it when absent (unless its section is unusable,
+ * which was reported already) and marks it BAD. */
+static void require(vctx *v, kiln_fe_field_id id, const char *why)
+{
+	kiln_fe_field *f = &v->f[id];
+	if (f->state != KILN_FE_ABSENT)
+		return;
+	kiln_fe_section s = kiln_fe_field_section(id);
+	const kiln_fe_node *at = section_node(v, s);
+	if (!at)
+		at = v->root;
+	kiln_fe_error(v->c, at->line, at->col, "missing required key '%s' in %s%s",
+	              kiln_fe_field_key(id), kiln_fe_section_name(s), why ? why : "");
+	f->state = KILN_FE_BAD;
+}
+
+/* Gives an absent integer field its default; it is BAD when the default is
+ * computed from a BAD field (source_ok false). */
+static void default_int(vctx *v, kiln_fe_field_id id, int64_t value, bool source_ok)
+{
+	kiln_fe_field *f = &v->f[id];
+	if (f->state != KILN_FE_ABSENT)
+		return;
+	f->i = value;
+	if (!source_ok)
+		f->state = KILN_FE_BAD;
+}
+
+static void rule_error(vctx *v, const kiln_fe_node *at, kiln_fe_field_id bad, const char *msg)
+{
+	kiln_fe_error(v->c, at->line, at->col, "%s", msg);
+	v->f[bad].state = KILN_FE_BAD;
+}
+
+/* Reads a section mapping into v->f, or poisons its fields. */
+static void read_section(vctx *v, kiln_fe_field_id holder, kiln_fe_section s, bool required)
+{
+	kiln_fe_field *h = &v->f[holder];
+	if (h->state == KILN_FE_SET) {
+		kiln_fe_section_read(v->c, s, h->value, v->f);
+		return;
+	}
+	if (h->state == KILN_FE_ABSENT && required) {
+		kiln_fe_error(v->c, v->root->line, v->root->col, "missing required section '%s'",
+		              kiln_fe_field_key(holder));
+		h->state = KILN_FE_BAD;
+	}
+	if (h->state == KILN_FE_BAD)
+		kiln_fe_section_poison(s, v->f);
+}
+
+/* ---- model: */
+
+static void check_model(vctx *v)
+{
+	require(v, KILN_FE_F_LAYERS, NULL);
+	require(v, KILN_FE_F_HIDDEN, NULL);
+	require(v, KILN_FE_F_HEADS, NULL);
+	require(v, KILN_FE_F_VOCAB, NULL);
+	require(v, KILN_FE_F_SEQ_LEN, NULL);
+	char msg[256];
+
+	if (FLD(LAYERS)->state == KILN_FE_SET && VAL(LAYERS) > KILN_FRONTEND_MAX_LAYERS) {
+		snprintf(msg, sizeof(msg), "layers (%lld) exceeds the limit of %d",
+		         (long long)VAL(LAYERS), KILN_FRONTEND_MAX_LAYERS);
+		rule_error(v, where(v, KILN_FE_F_LAYERS), KILN_FE_F_LAYERS, msg);
+	}
+
+	kiln_fe_state moe = FLD(MOE)->state;
+	kiln_fe_field *dense = FLD(DENSE_LAYERS);
+	if (moe == KILN_FE_SET) {
+		default_int(v, KILN_FE_F_DENSE_LAYERS, 0, true);
+		if (dense->state == KILN_FE_SET && OK(LAYERS) && dense->i >= VAL(LAYERS)) {
+			snprintf(msg, sizeof(msg),
+			         "dense_layers (%lld) must be less than layers (%lld) when moe is "
+			         "present",
+			         (long long)dense->i, (long long)VAL(LAYERS));
+			rule_error(v, dense->value, KILN_FE_F_DENSE_LAYERS, msg);
+		}
+	} else if (moe == KILN_FE_ABSENT) {
+		if (dense->state == KILN_FE_SET && OK(LAYERS) && dense->i != VAL(LAYERS)) {
+			snprintf(msg, sizeof(msg),
+			         "dense_layers (%lld) needs a moe section; without moe all %lld "
+			         "layers are dense",
+			         (long long)dense->i, (long long)VAL(LAYERS));
+			rule_error(v, dense->value, KILN_FE_F_DENSE_LAYERS, msg);
+		}
+		default_int(v, KILN_FE_F_DENSE_LAYERS, VAL(LAYERS), OK(LAYERS));
+	} else {
+		default_int(v, KILN_FE_F_DENSE_LAYERS, 0, false);
+	}
+
+	/* ffn_hidden is needed when some layer is dense. */
+	if (moe == KILN_FE_ABSENT || (moe == KILN_FE_SET && OK(DENSE_LAYERS) && dense->i > 0))
+		require(v, KILN_FE_F_FFN_HIDDEN, " (the width of the dense layers' FFN)");
+	else
+		default_int(v, KILN_FE_F_FFN_HIDDEN, 0, moe == KILN_FE_SET && OK(DENSE_LAYERS));
+
+	default_int(v, KILN_FE_F_KV_HEADS, VAL(HEADS), OK(HEADS));
+	if (FLD(HEAD_DIM)->state == KILN_FE_ABSENT) {
+		if (OK(HIDDEN) && OK(HEADS) && VAL(HIDDEN) % VAL(HEADS) != 0) {
+			snprintf(
+			    msg, sizeof(msg),
+			    "heads (%lld) must divide hidden (%lld) when head_dim is not given",
+			    (long long)VAL(HEADS), (long long)VAL(HIDDEN));
+			rule_error(v, where(v, KILN_FE_F_HEADS), KILN_FE_F_HEAD_DIM, msg);
+		} else {
+			default_int(v, KILN_FE_F_HEAD_DIM,
+			            OK(HIDDEN) && OK(HEADS) ? VAL(HIDDEN) / VAL(HEADS) : 0,
+			            OK(HIDDEN) && OK(HEADS));
+		}
+	}
+	if (OK(HEADS) && OK(KV_HEADS) && VAL(HEADS) % VAL(KV_HEADS) != 0) {
+		snprintf(msg, sizeof(msg), "kv_heads (%lld) must divide heads (%lld)",
+		         (long long)VAL(KV_HEADS), (long long)VAL(HEADS));
+		rule_error(v, where2(v, KILN_FE_F_KV_HEADS, KILN_FE_F_HEADS), KILN_FE_F_KV_HEADS,
+		           msg);
+	}
+	kiln_fe_field *dropout = FLD(DROPOUT);
+	if (dropout->state == KILN_FE_SET && !(dropout->f >= 0 && dropout->f < 1)) {
+		snprintf(msg, sizeof(msg), "dropout (%g) must be in [0, 1)", dropout->f);
+		rule_error(v, dropout->value, KILN_FE_F_DROPOUT, msg);
+	}
+
+	if (FLD(MLA)->state == KILN_FE_SET) {
+		require(v, KILN_FE_F_KV_LORA_RANK, NULL);
+		require(v, KILN_FE_F_ROPE_HEAD_DIM, NULL);
+	}
+	default_int(v, KILN_FE_F_V_HEAD_DIM, VAL(HEAD_DIM), OK(HEAD_DIM));
+
+	if (moe == KILN_FE_SET) {
+		require(v, KILN_FE_F_EXPERTS, NULL);
+		require(v, KILN_FE_F_TOP_K, NULL);
+		require(v, KILN_FE_F_EXPERT_FFN_HIDDEN, NULL);
+		default_int(v, KILN_FE_F_MOE_ACTIVATION, VAL(ACTIVATION), OK(ACTIVATION));
+		if (OK(TOP_K) && OK(EXPERTS) && VAL(TOP_K) > VAL(EXPERTS)) {
+			snprintf(msg, sizeof(msg), "top_k (%lld) must not exceed experts (%lld)",
+			         (long long)VAL(TOP_K), (long long)VAL(EXPERTS));
+			rule_error(v, where2(v, KILN_FE_F_TOP_K, KILN_FE_F_EXPERTS),
+			           KILN_FE_F_TOP_K, msg);
+		}
+	} else {
+		default_int(v, KILN_FE_F_MOE_ACTIVATION, VAL(ACTIVATION), OK(ACTIVATION));
+	}
+}
+
+/* ---- parallel: */
+
+typedef struct derived {
+	bool chunks_ok;
+	int64_t chunks; /* pp * vpp */
+	bool dp_ok;
+	int64_t dp;
+	bool edp_ok;
+	int64_t edp;
+	bool mbs_ok;
+	int64_t micro_batches;
+	int64_t *stage_layers; /* chunks entries when chunks_ok and set */
+} derived;
+
+static void check_stage_layers(vctx *v, derived *d)
+{
+	kiln_fe_field *sl = FLD(STAGE_LAYERS);
+	char msg[256];
+	if (sl->state == KILN_FE_SET && sl->value->n == 0)
+		sl->state = KILN_FE_ABSENT; /* `stage_layers: []` asks for the default split */
+	if (sl->state == KILN_FE_SET) {
+		const kiln_fe_node *seq = sl->value;
+		bool items_ok = true;
+		int64_t sum = 0;
+		bool sum_overflow = false;
+		for (size_t i = 0; i < seq->n; i++) {
+			const kiln_fe_node *it = seq->items[i];
+			int64_t x;
+			if (!kiln_fe_node_int(v->c, it, "stage_layers", &x)) {
+				items_ok = false;
+				continue;
+			}
+			if (x < 1) {
+				kiln_fe_error(v->c, it->line, it->col,
+				              "stage_layers entries must be positive, got %lld",
+				              (long long)x);
+				items_ok = false;
+				continue;
+			}
+			if (__builtin_add_overflow(sum, x, &sum))
+				sum_overflow = true;
+		}
+		if (d->chunks_ok && (uint64_t)seq->n != (uint64_t)d->chunks) {
+			snprintf(msg, sizeof(msg),
+			         "stage_layers has length %zu, expected pp * vpp = %lld", seq->n,
+			         (long long)d->chunks);
+			rule_error(v, seq, KILN_FE_F_STAGE_LAYERS, msg);
+			return;
+		}
+		if (!items_ok) {
+			sl->state = KILN_FE_BAD;
+			return;
+		}
+		if (OK(LAYERS) && (sum_overflow || sum != VAL(LAYERS))) {
+			if (sum_overflow)
+				snprintf(msg, sizeof(msg),
+				         "stage_layers sum past 2^63, expected layers (%lld)",
+				         (long long)VAL(LAYERS));
+			else
+				snprintf(msg, sizeof(msg),
+				         "stage_layers sum to %lld, expected layers (%lld)",
+				         (long long)sum, (long long)VAL(LAYERS));
+			rule_error(v, seq, KILN_FE_F_STAGE_LAYERS, msg);
+			return;
+		}
+		if (!d->chunks_ok || !OK(LAYERS))
+			return;
+		d->stage_layers = kiln_arena_alloc(v->c->a, seq->n * sizeof(int64_t));
+		if (!d->stage_layers) {
+			kiln_fe_oom(v->c);
+			return;
+		}
+		for (size_t i = 0; i < seq->n; i++)
+			kiln_fe_node_int(v->c, seq->items[i], "stage_layers", &d->stage_layers[i]);
+		return;
+	}
+	if (!d->chunks_ok || !OK(LAYERS) || sl->state == KILN_FE_BAD)
+		return;
+	/* Default split: even, and the remainder goes one layer each to chunks
+	 * 1..r, since chunk 0 also carries the embedding. */
+	int64_t n = d->chunks, base = VAL(LAYERS) / n, r = VAL(LAYERS) % n;
+	d->stage_layers = kiln_arena_alloc(v->c->a, (size_t)n * sizeof(int64_t));
+	if (!d->stage_layers) {
+		kiln_fe_oom(v->c);
+		return;
+	}
+	for (int64_t i = 0; i < n; i++)
+		d->stage_layers[i] = base + (i >= 1 && i <= r ? 1 : 0);
+}
+
+static void check_parallel(vctx *v, derived *d)
+{
+	char msg[320];
+	require(v, KILN_FE_F_GLOBAL_BATCH, NULL);
+	default_int(v, KILN_FE_F_MICRO_BATCH, 1, true);
+	require(v, KILN_FE_F_DEVICES, NULL);
+	default_int(v, KILN_FE_F_TP, 1, true);
+	default_int(v, KILN_FE_F_PP, 1, true);
+	default_int(v, KILN_FE_F_EP, 1, true);
+	default_int(v, KILN_FE_F_VPP, 1, true);
+	kiln_fe_field *sp = FLD(SEQUENCE_PARALLEL);
+	if (sp->state == KILN_FE_ABSENT) {
+		sp->b = VAL(TP) > 1;
+		if (!OK(TP))
+			sp->state = KILN_FE_BAD;
+	}
+	kiln_fe_state moe = FLD(MOE)->state;
+	bool interleaved =
+	    FLD(SCHEDULE)->state != KILN_FE_BAD && VAL(SCHEDULE) == KILN_SCHED_INTERLEAVED;
+
+	if (moe == KILN_FE_ABSENT && FLD(EP)->state == KILN_FE_SET && VAL(EP) != 1) {
+		snprintf(msg, sizeof(msg),
+		         "ep (%lld) must be 1 without moe (a dense model has no "
+		         "experts)",
+		         (long long)VAL(EP));
+		rule_error(v, FLD(EP)->value, KILN_FE_F_EP, msg);
+	}
+	if (OK(HEADS) && OK(TP) && VAL(HEADS) % VAL(TP) != 0) {
+		snprintf(msg, sizeof(msg), "heads (%lld) must be divisible by tp (%lld)",
+		         (long long)VAL(HEADS), (long long)VAL(TP));
+		kiln_fe_error(v->c, where2(v, KILN_FE_F_TP, KILN_FE_F_HEADS)->line,
+		              where2(v, KILN_FE_F_TP, KILN_FE_F_HEADS)->col, "%s", msg);
+	}
+	if (OK(KV_HEADS) && OK(TP) && VAL(KV_HEADS) % VAL(TP) != 0 &&
+	    VAL(TP) % VAL(KV_HEADS) != 0) {
+		snprintf(msg, sizeof(msg),
+		         "kv_heads (%lld) and tp (%lld) must divide one another (each rank holds "
+		         "whole kv heads, or a kv head is replicated over whole ranks)",
+		         (long long)VAL(KV_HEADS), (long long)VAL(TP));
+		const kiln_fe_node *at = where2(v, KILN_FE_F_TP, KILN_FE_F_KV_HEADS);
+		kiln_fe_error(v->c, at->line, at->col, "%s", msg);
+	}
+	/* Sequence parallelism splits the sequence over the tp ranks, and so does
+	 * the MoE block (expert tensor parallelism is 1: each tp rank routes its
+	 * own share of the tokens). Megatron requires the same. */
+	if (OK(SEQ_LEN) && OK(TP) && VAL(TP) > 1 && VAL(SEQ_LEN) % VAL(TP) != 0 &&
+	    (moe == KILN_FE_SET || (sp->state != KILN_FE_BAD && sp->b))) {
+		snprintf(msg, sizeof(msg),
+		         "seq_len (%lld) must be divisible by tp (%lld): %s splits the sequence "
+		         "over the tp ranks",
+		         (long long)VAL(SEQ_LEN), (long long)VAL(TP),
+		         moe == KILN_FE_SET ? "the MoE block" : "sequence_parallel");
+		rule_error(v, where2(v, KILN_FE_F_TP, KILN_FE_F_SEQ_LEN), KILN_FE_F_TP, msg);
+	}
+	if (moe == KILN_FE_SET && OK(EXPERTS) && OK(EP) && VAL(EXPERTS) % VAL(EP) != 0) {
+		snprintf(msg, sizeof(msg), "experts (%lld) must be divisible by ep (%lld)",
+		         (long long)VAL(EXPERTS), (long long)VAL(EP));
+		rule_error(v, where2(v, KILN_FE_F_EP, KILN_FE_F_EXPERTS), KILN_FE_F_EP, msg);
+	}
+
+	/* Schedule and chunks. */
+	if (OK(SCHEDULE) && OK(VPP)) {
+		if (!interleaved && VAL(VPP) != 1) {
+			snprintf(msg, sizeof(msg),
+			         "vpp (%lld) must be 1 with schedule 1f1b (virtual stages need "
+			         "schedule: interleaved)",
+			         (long long)VAL(VPP));
+			rule_error(v, FLD(VPP)->value, KILN_FE_F_VPP, msg);
+		} else if (interleaved && VAL(VPP) < 2) {
+			snprintf(msg, sizeof(msg),
+			         "schedule interleaved needs vpp >= 2, got vpp (%lld)",
+			         (long long)VAL(VPP));
+			rule_error(v, where2(v, KILN_FE_F_VPP, KILN_FE_F_SCHEDULE), KILN_FE_F_VPP,
+			           msg);
+		}
+	}
+	if (interleaved && OK(PP) && VAL(PP) < 2) {
+		snprintf(msg, sizeof(msg), "schedule interleaved needs pp >= 2, got pp (%lld)",
+		         (long long)VAL(PP));
+		rule_error(v, where2(v, KILN_FE_F_PP, KILN_FE_F_SCHEDULE), KILN_FE_F_PP, msg);
+	}
+	if (OK(PP) && OK(LAYERS) && VAL(PP) > VAL(LAYERS)) {
+		snprintf(msg, sizeof(msg), "pp (%lld) must not exceed layers (%lld)",
+		         (long long)VAL(PP), (long long)VAL(LAYERS));
+		rule_error(v, where2(v, KILN_FE_F_PP, KILN_FE_F_LAYERS), KILN_FE_F_PP, msg);
+	}
+	if (OK(PP) && OK(VPP) && OK(LAYERS)) {
+		int64_t chunks;
+		if (__builtin_mul_overflow(VAL(PP), VAL(VPP), &chunks) || chunks > VAL(LAYERS)) {
+			snprintf(msg, sizeof(msg),
+			         "layers (%lld) must be at least pp * vpp (%lld * %lld)",
+			         (long long)VAL(LAYERS), (long long)VAL(PP), (long long)VAL(VPP));
+			rule_error(v, where2(v, KILN_FE_F_VPP, KILN_FE_F_PP), KILN_FE_F_VPP, msg);
+		} else {
+			d->chunks_ok = true;
+			d->chunks = chunks;
+		}
+	}
+	check_stage_layers(v, d);
+
+	/* Data parallelism must be whole. */
+	if (OK(DEVICES) && OK(TP) && OK(PP)) {
+		int64_t tpp;
+		if (__builtin_mul_overflow(VAL(TP), VAL(PP), &tpp) || VAL(DEVICES) % tpp != 0) {
+			snprintf(msg, sizeof(msg),
+			         "devices (%lld) must be divisible by tp * pp (%lld * %lld)",
+			         (long long)VAL(DEVICES), (long long)VAL(TP), (long long)VAL(PP));
+			rule_error(v, where(v, KILN_FE_F_DEVICES), KILN_FE_F_DEVICES, msg);
+		} else {
+			d->dp_ok = true;
+			d->dp = VAL(DEVICES) / tpp;
+		}
+	}
+	/* Experts are laid out over the tp * dp ranks of a stage (expert tensor
+	 * parallelism 1, as in Megatron-Core's MoE parallel folding). dp * tp
+	 * cannot overflow: it is at most devices. */
+	if (d->dp_ok && OK(EP) && OK(TP) && moe != KILN_FE_BAD) {
+		int64_t dptp = d->dp * VAL(TP);
+		if (dptp % VAL(EP) != 0) {
+			snprintf(msg, sizeof(msg),
+			         "ep (%lld) must divide dp * tp (%lld * %lld): experts are laid "
+			         "out over "
+			         "the tp * dp ranks of a pipeline stage",
+			         (long long)VAL(EP), (long long)d->dp, (long long)VAL(TP));
+			rule_error(v, where(v, KILN_FE_F_EP), KILN_FE_F_EP, msg);
+		} else {
+			d->edp_ok = true;
+			d->edp = dptp / VAL(EP);
+		}
+	}
+	if (d->dp_ok && OK(MICRO_BATCH) && OK(GLOBAL_BATCH)) {
+		int64_t mbdp;
+		if (__builtin_mul_overflow(VAL(MICRO_BATCH), d->dp, &mbdp) ||
+		    VAL(GLOBAL_BATCH) % mbdp != 0) {
+			snprintf(
+			    msg, sizeof(msg),
+			    "global_batch (%lld) must be divisible by micro_batch * dp (%lld * "
+			    "%lld)",
+			    (long long)VAL(GLOBAL_BATCH), (long long)VAL(MICRO_BATCH),
+			    (long long)d->dp);
+			rule_error(v, where(v, KILN_FE_F_GLOBAL_BATCH), KILN_FE_F_GLOBAL_BATCH,
+			           msg);
+		} else {
+			d->mbs_ok = true;
+			d->micro_batches = VAL(GLOBAL_BATCH) / mbdp;
+		}
+	}
+	if (interleaved && d->mbs_ok && OK(PP) && VAL(PP) >= 2 && d->micro_batches % VAL(PP)) {
+		snprintf(msg, sizeof(msg),
+		         "schedule interleaved needs micro-batches per iteration (global_batch / "
+		         "(micro_batch * dp) = %lld) to be a multiple of pp (%lld)",
+		         (long long)d->micro_batches, (long long)VAL(PP));
+		rule_error(v, where(v, KILN_FE_F_GLOBAL_BATCH), KILN_FE_F_GLOBAL_BATCH, msg);
+	}
+}
+
+/* ---- sizes that must stay below 2^62 bytes */
+
+typedef struct factor {
+	const char *name;
+	int64_t value;
+	const kiln_fe_node *node; /* where a violation is reported; NULL: never */
+} factor;
+
+/* Reports when the product of fs (all positive) reaches SIZE_LIMIT, at the
+ * node of the largest factor. what names the size; formula the product. */
+static void check_product(vctx *v, const char *what, const char *formula, const factor *fs,
+                          size_t n)
+{
+	uint64_t p = 1;
+	bool over = false;
+	for (size_t i = 0; i < n; i++)
+		if (__builtin_mul_overflow(p, (uint64_t)fs[i].value, &p))
+			over = true;
+	if (!over && p < SIZE_LIMIT)
+		return;
+	size_t big = n;
+	for (size_t i = 0; i < n; i++)
+		if (fs[i].node && (big == n || fs[i].value > fs[big].value))
+			big = i;
+	const kiln_fe_node *at = big < n ? fs[big].node : v->root;
+	char nums[256];
+	size_t o = 0;
+	nums[0] = '\0';
+	for (size_t i = 0; i < n && o < sizeof(nums); i++)
+		o += (size_t)snprintf(nums + o, sizeof(nums) - o, "%s%lld", i ? " * " : "",
+		                      (long long)fs[i].value);
+	kiln_fe_error(v->c, at->line, at->col, "%s %s = %s bytes reaches 2^62 (too large)", what,
+	              formula, nums);
+}
+
+static int64_t imax(int64_t a, int64_t b)
+{
+	return a > b ? a : b;
+}
+
+/* 2 * x, saturating. */
+static int64_t twice(int64_t x)
+{
+	return x > INT64_MAX / 2 ? INT64_MAX : 2 * x;
+}
+
+static void check_sizes(vctx *v)
+{
+	kiln_fe_state moe = FLD(MOE)->state;
+	if (moe == KILN_FE_BAD || !OK(SEQ_LEN) || !OK(MICRO_BATCH))
+		return;
+	const kiln_fe_node *seq = where(v, KILN_FE_F_SEQ_LEN);
+	const kiln_fe_node *mb = FLD(MICRO_BATCH)->value;
+	bool is_moe = moe == KILN_FE_SET;
+
+	if (OK(HEADS)) {
+		factor fs[] = {{"seq_len", VAL(SEQ_LEN), seq},
+		               {"seq_len", VAL(SEQ_LEN), seq},
+		               {"heads", VAL(HEADS), FLD(HEADS)->value},
+		               {"micro_batch", VAL(MICRO_BATCH), mb},
+		               {"4", 4, NULL}};
+		check_product(v, "eager attention scores",
+		              "seq_len * seq_len * heads * micro_batch * 4", fs, 5);
+	}
+	if (OK(VOCAB)) {
+		factor fs[] = {{"seq_len", VAL(SEQ_LEN), seq},
+		               {"micro_batch", VAL(MICRO_BATCH), mb},
+		               {"vocab", VAL(VOCAB), FLD(VOCAB)->value},
+		               {"4", 4, NULL}};
+		check_product(v, "fp32 logits", "seq_len * micro_batch * vocab * 4", fs, 4);
+	}
+	bool widths_ok = OK(HIDDEN) && OK(FFN_HIDDEN) && (!is_moe || OK(EXPERT_FFN_HIDDEN));
+	if (widths_ok && (!is_moe || (OK(TOP_K) && OK(MAX_FACTOR)))) {
+		/* The widest activation row, and the factor it comes from. */
+		int64_t w = VAL(HIDDEN);
+		const kiln_fe_node *wn = FLD(HIDDEN)->value;
+		if (twice(VAL(FFN_HIDDEN)) > w) {
+			w = twice(VAL(FFN_HIDDEN));
+			wn = FLD(FFN_HIDDEN)->value;
+		}
+		if (is_moe && twice(VAL(EXPERT_FFN_HIDDEN)) > w) {
+			w = twice(VAL(EXPERT_FFN_HIDDEN));
+			wn = FLD(EXPERT_FFN_HIDDEN)->value;
+		}
+		double mf = ceil(FLD(MAX_FACTOR)->f);
+		int64_t factor_ceil = !is_moe ? 1 : mf >= 0x1p62 ? INT64_MAX : (int64_t)mf;
+		factor fs[] = {{"seq_len", VAL(SEQ_LEN), seq},
+		               {"micro_batch", VAL(MICRO_BATCH), mb},
+		               {"top_k", is_moe ? VAL(TOP_K) : 1, FLD(TOP_K)->value},
+		               {"width", w, wn},
+		               {"4", 4, NULL},
+		               {"max_factor", factor_ceil, FLD(MAX_FACTOR)->value}};
+		check_product(
+		    v, "expert activations",
+		    "seq_len * micro_batch * top_k * max(hidden, 2 * expert_ffn_hidden, 2 "
+		    "* ffn_hidden) * 4 * ceil(max_factor)",
+		    fs, 6);
+	}
+	if (widths_ok && OK(LAYERS) && OK(VOCAB) &&
+	    (!is_moe || (OK(EXPERTS) && OK(SHARED_EXPERTS)))) {
+		int64_t h = VAL(HIDDEN),
+		        f = imax(VAL(FFN_HIDDEN), is_moe ? VAL(EXPERT_FFN_HIDDEN) : 0);
+		int64_t e = is_moe ? VAL(EXPERTS) : 0, s = is_moe ? VAL(SHARED_EXPERTS) : 0;
+		uint64_t t1, t2, t3, per, total, n_ffn;
+		bool over =
+		    __builtin_mul_overflow((uint64_t)h, (uint64_t)h, &t1) ||
+		    __builtin_mul_overflow(t1, 4u, &t1) ||
+		    __builtin_add_overflow((uint64_t)e, (uint64_t)s, &n_ffn) ||
+		    __builtin_add_overflow(n_ffn, 1u, &n_ffn) ||
+		    __builtin_mul_overflow((uint64_t)h, (uint64_t)f, &t2) ||
+		    __builtin_mul_overflow(t2, 3u, &t2) || __builtin_mul_overflow(t2, n_ffn, &t2) ||
+		    __builtin_mul_overflow((uint64_t)VAL(VOCAB), (uint64_t)h, &t3) ||
+		    __builtin_add_overflow(t1, t2, &per) || __builtin_add_overflow(per, t3, &per) ||
+		    __builtin_mul_overflow(per, (uint64_t)VAL(LAYERS), &total) ||
+		    __builtin_mul_overflow(total, 18u, &total);
+		if (over || total >= SIZE_LIMIT) {
+			/* Report at the largest of the sizes involved. */
+			factor fs[] = {{"layers", VAL(LAYERS), FLD(LAYERS)->value},
+			               {"hidden", h, FLD(HIDDEN)->value},
+			               {"ffn_hidden", VAL(FFN_HIDDEN), FLD(FFN_HIDDEN)->value},
+			               {"expert_ffn_hidden", is_moe ? VAL(EXPERT_FFN_HIDDEN) : 0,
+			                FLD(EXPERT_FFN_HIDDEN)->value},
+			               {"experts", e, FLD(EXPERTS)->value},
+			               {"vocab", VAL(VOCAB), FLD(VOCAB)->value}};
+			size_t big = 6;
+			for (size_t i = 0; i < 6; i++)
+				if (fs[i].node && (big == 6 || fs[i].value > fs[big].value))
+					big = i;
+			const kiln_fe_node *at = big < 6 ? fs[big].node : v->root;
+			kiln_fe_error(
+			    v->c, at->line, at->col,
+			    "parameter bytes layers * (4 * hidden^2 + 3 * hidden * "
+			    "max(ffn_hidden, expert_ffn_hidden) * (experts + shared_experts + "
+			    "1) + vocab * hidden) * 18 reach 2^62 (layers %lld, hidden %lld, "
+			    "ffn width %lld, experts %lld + %lld, vocab %lld)",
+			    (long long)VAL(LAYERS), (long long)h, (long long)f, (long long)e,
+			    (long long)s, (long long)VAL(VOCAB));
+		}
+	}
+}
+
+/* ---- the model */
+
+/* The file name of path without directory and extension, arena-owned. */
+static const char *default_name(kiln_fe_ctx *c, const char *path)
+{
+	const char *base = strrchr(path, '/');
+	base = base ? base + 1 : path;
+	const char *dot = strrchr(base, '.');
+	size_t len = dot && dot != base ? (size_t)(dot - base) : strlen(base);
+	if (len == 0)
+		return "model";
+	return kiln_arena_strndup(c->a, base, len);
+}
+
+kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const char *path,
+                                const char *base_dir)
+{
+	vctx *v = kiln_arena_alloc(c->a, sizeof(*v));
+	if (!v) {
+		kiln_fe_oom(c);
+		return NULL;
+	}
+	v->c = c;
+	v->root = root;
+	kiln_fe_section_read(c, KILN_FE_S_TOP, root, v->f);
+
+	kiln_fe_field *ver = FLD(KILN);
+	require(v, KILN_FE_F_KILN, " (the format version; write `kiln: 1` first)");
+	if (ver->state == KILN_FE_SET && ver->i != 1)
+		kiln_fe_error(c, ver->value->line, ver->value->col,
+		              "unsupported format version kiln: %lld; this kiln reads version 1",
+		              (long long)ver->i);
+
+	read_section(v, KILN_FE_F_MODEL, KILN_FE_S_MODEL, true);
+	read_section(v, KILN_FE_F_MLA, KILN_FE_S_MLA, false);
+	read_section(v, KILN_FE_F_MOE, KILN_FE_S_MOE, false);
+	read_section(v, KILN_FE_F_TRAINING, KILN_FE_S_TRAINING, true);
+	read_section(v, KILN_FE_F_PARALLEL, KILN_FE_S_PARALLEL, true);
+	read_section(v, KILN_FE_F_LOAD, KILN_FE_S_LOAD, false);
+
+	kiln_model *m = kiln_arena_alloc(c->a, sizeof(*m));
+	if (!m) {
+		kiln_fe_oom(c);
+		return NULL;
+	}
+	kiln_fe_field *hw = FLD(HARDWARE);
+	if (hw->state == KILN_FE_ABSENT)
+		kiln_fe_error(
+		    c, root->line, root->col,
+		    "missing required key 'hardware' (a shipped profile name, a path or a "
+		    "mapping)");
+	else if (hw->state == KILN_FE_SET)
+		kiln_fe_hardware_resolve(c, hw->key, hw->value, base_dir, path, &m->hw);
+
+	check_model(v);
+	kiln_fe_field *mf = FLD(MAX_FACTOR);
+	if (mf->state == KILN_FE_ABSENT)
+		mf->f = 3.0;
+	else if (mf->state == KILN_FE_SET && !(mf->f >= 1)) {
+		char msg[128];
+		snprintf(msg, sizeof(msg), "max_factor (%g) must be at least 1", mf->f);
+		rule_error(v, mf->value, KILN_FE_F_MAX_FACTOR, msg);
+	}
+	derived d;
+	memset(&d, 0, sizeof(d));
+	check_parallel(v, &d);
+	check_sizes(v);
+	if (c->n_errors || c->nomem)
+		return NULL;
+
+	/* Every field is SET or defaulted from here on. */
+	m->path = kiln_arena_strdup(c->a, path);
+	m->name = FLD(NAME)->state == KILN_FE_SET ? FLD(NAME)->s : default_name(c, path);
+	m->layers = VAL(LAYERS);
+	m->dense_layers = VAL(DENSE_LAYERS);
+	m->hidden = VAL(HIDDEN);
+	m->ffn_hidden = VAL(FFN_HIDDEN);
+	m->heads = VAL(HEADS);
+	m->kv_heads = VAL(KV_HEADS);
+	m->head_dim = VAL(HEAD_DIM);
+	m->vocab = VAL(VOCAB);
+	m->seq_len = VAL(SEQ_LEN);
+	m->attention = (kiln_attention)VAL(ATTENTION);
+	m->activation = (kiln_fn)VAL(ACTIVATION);
+	m->dropout = FLD(DROPOUT)->f;
+	m->mla = FLD(MLA)->state == KILN_FE_SET;
+	m->q_lora_rank = VAL(Q_LORA_RANK);
+	m->kv_lora_rank = VAL(KV_LORA_RANK);
+	m->rope_head_dim = VAL(ROPE_HEAD_DIM);
+	m->v_head_dim = VAL(V_HEAD_DIM);
+	m->moe = FLD(MOE)->state == KILN_FE_SET;
+	m->experts = VAL(EXPERTS);
+	m->shared_experts = VAL(SHARED_EXPERTS);
+	m->top_k = VAL(TOP_K);
+	m->expert_ffn_hidden = VAL(EXPERT_FFN_HIDDEN);
+	m->moe_activation = (kiln_fn)VAL(MOE_ACTIVATION);
+	m->micro_batch = VAL(MICRO_BATCH);
+	m->global_batch = VAL(GLOBAL_BATCH);
+	m->dtype = (kiln_dtype)VAL(DTYPE);
+	m->optimizer = (kiln_optimizer)VAL(OPTIMIZER);
+	m->distributed_optimizer = FLD(DISTRIBUTED_OPTIMIZER)->b;
+	m->devices = VAL(DEVICES);
+	m->tp = VAL(TP);
+	m->pp = VAL(PP);
+	m->ep = VAL(EP);
+	m->sequence_parallel = FLD(SEQUENCE_PARALLEL)->b;
+	m->schedule = (kiln_schedule)VAL(SCHEDULE);
+	m->vpp = VAL(VPP);
+	m->stage_layers = d.stage_layers;
+	m->n_stage_layers = (size_t)d.chunks;
+	m->max_factor = mf->f;
+	m->dp = d.dp;
+	m->edp = d.edp;
+	m->micro_batches = d.micro_batches;
+	if (!m->path || !m->name || !m->stage_layers) {
+		kiln_fe_oom(c);
+		return NULL;
+	}
+	return m;
+}
+
+/* The enum lists in schema.def are in the order of these C enums. */
+_Static_assert(KILN_ATTN_FLASH == 0 && KILN_ATTN_EAGER == 1, "attention order");
+_Static_assert(KILN_FN_SWIGLU == 0 && KILN_FN_GELU == 1, "activation order");
+_Static_assert(KILN_DTYPE_BF16 == 0 && KILN_DTYPE_FP16 == 1 && KILN_DTYPE_FP8 == 2, "dtype order");
+_Static_assert(KILN_OPTIM_ADAM == 0 && KILN_OPTIM_SGD == 1, "optimizer order");
+_Static_assert(KILN_SCHED_1F1B == 0 && KILN_SCHED_INTERLEAVED == 1, "schedule order");
