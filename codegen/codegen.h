@@ -1,0 +1,59 @@
+/* codegen/codegen.h: everything the compiler writes for people and tools.
+ *
+ * json.c is the one file that uses cJSON; the rest build documents through
+ * the small kiln_json API below, so key names and number formatting live in
+ * one place.
+ */
+#ifndef KILN_CODEGEN_H
+#define KILN_CODEGEN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ir/ir.h"
+
+/* ---------------------------------------------------------------- json.c */
+
+/* A JSON value. Documents are trees owned by their root: free the root
+ * with kiln_json_free. Every add function tolerates a NULL parent (it then
+ * does nothing and returns NULL), so a failed allocation surfaces once, at
+ * kiln_json_write, instead of at every call site. */
+typedef struct kiln_json kiln_json;
+
+kiln_json *kiln_json_object(void);
+kiln_json *kiln_json_array(void);
+/* Adds a child object or array; key is ignored (may be NULL) when parent is an
+ * array. The child is owned by parent. */
+kiln_json *kiln_json_add_object(kiln_json *parent, const char *key);
+kiln_json *kiln_json_add_array(kiln_json *parent, const char *key);
+void kiln_json_add_number(kiln_json *parent, const char *key, double v);
+void kiln_json_add_string(kiln_json *parent, const char *key, const char *v);
+void kiln_json_add_bool(kiln_json *parent, const char *key, bool v);
+/* Writes the document, pretty-printed, with a trailing newline. Returns 0, or
+ * -1 when building the document ran out of memory or the write failed. */
+int kiln_json_write(const kiln_json *root, FILE *out);
+void kiln_json_free(kiln_json *root);
+
+/* Parsing, for tests and tools that read kiln's own JSON back. */
+kiln_json *kiln_json_parse(const char *text, size_t len);
+/* Member of an object by key, element of an array by index; NULL when absent. */
+const kiln_json *kiln_json_get(const kiln_json *obj, const char *key);
+const kiln_json *kiln_json_at(const kiln_json *arr, int index);
+int kiln_json_size(const kiln_json *arr);
+bool kiln_json_is_number(const kiln_json *v);
+double kiln_json_number(const kiln_json *v); /* NaN when not a number */
+const char *kiln_json_string(const kiln_json *v); /* NULL when not a string */
+
+/* ---------------------------------------------------------------- report.c */
+
+/* `kilnc check`: a one-screen summary of a validated model and its graph. */
+void kiln_report_check(const kiln_ir_graph *g, FILE *out);
+
+/* `kilnc report`: per-stage memory and the iteration estimate, as text. */
+void kiln_report_text(const kiln_ir_graph *g, FILE *out);
+
+/* The same as one JSON document (keys in docs/cli.md). Caller frees. */
+kiln_json *kiln_report_json(const kiln_ir_graph *g);
+
+#endif

@@ -1,0 +1,155 @@
+/* codegen/json.c: the one file that touches cJSON. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "codegen/codegen.h"
+
+/* kiln_json is cJSON under another name; the header keeps it opaque. */
+static cJSON *C(const kiln_json *j)
+{
+	return (cJSON *)j;
+}
+
+static kiln_json *K(cJSON *c)
+{
+	return (kiln_json *)c;
+}
+
+/* Set on the root when any add failed, so write can report it. cJSON nodes
+ * have no spare field, so failures are remembered by marking the root with a
+ * child named below; it is removed again before printing. */
+static const char OOM_KEY[] = "\x01kiln-oom";
+
+static void mark_failed(cJSON *parent)
+{
+	/* Best effort: if even this fails, the missing child will still make
+	 * the output incomplete, which the caller cannot detect; cJSON's
+	 * allocations are tiny, so this path is practically unreachable. */
+	if (parent)
+		cJSON_AddItemToObjectCS(parent, OOM_KEY, cJSON_CreateNull());
+}
+
+static kiln_json *attach(kiln_json *parent, const char *key, cJSON *child)
+{
+	cJSON *p = C(parent);
+	if (!p) {
+		cJSON_Delete(child);
+		return NULL;
+	}
+	if (!child) {
+		mark_failed(p);
+		return NULL;
+	}
+	cJSON_bool ok = cJSON_IsArray(p) ? cJSON_AddItemToArray(p, child)
+	                                 : cJSON_AddItemToObject(p, key, child);
+	if (!ok) {
+		cJSON_Delete(child);
+		mark_failed(p);
+		return NULL;
+	}
+	return K(child);
+}
+
+kiln_json *kiln_json_object(void)
+{
+	return K(cJSON_CreateObject());
+}
+
+kiln_json *kiln_json_array(void)
+{
+	return K(cJSON_CreateArray());
+}
+
+kiln_json *kiln_json_add_object(kiln_json *parent, const char *key)
+{
+	return attach(parent, key, parent ? cJSON_CreateObject() : NULL);
+}
+
+kiln_json *kiln_json_add_array(kiln_json *parent, const char *key)
+{
+	return attach(parent, key, parent ? cJSON_CreateArray() : NULL);
+}
+
+void kiln_json_add_number(kiln_json *parent, const char *key, double v)
+{
+	/* JSON has no NaN or infinity; a non-finite figure becomes null. */
+	attach(parent, key, parent ? (isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull()) : NULL);
+}
+
+void kiln_json_add_string(kiln_json *parent, const char *key, const char *v)
+{
+	attach(parent, key, parent ? (v ? cJSON_CreateString(v) : cJSON_CreateNull()) : NULL);
+}
+
+void kiln_json_add_bool(kiln_json *parent, const char *key, bool v)
+{
+	attach(parent, key, parent ? cJSON_CreateBool(v) : NULL);
+}
+
+static bool has_failure(const cJSON *node)
+{
+	for (const cJSON *c = node ? node->child : NULL; c; c = c->next) {
+		if (c->string && c->string == OOM_KEY)
+			return true;
+		if (has_failure(c))
+			return true;
+	}
+	return false;
+}
+
+int kiln_json_write(const kiln_json *root, FILE *out)
+{
+	if (!root || has_failure(C(root)))
+		return -1;
+	char *text = cJSON_Print(C(root));
+	if (!text)
+		return -1;
+	int rc = (fputs(text, out) < 0 || fputc('\n', out) == EOF) ? -1 : 0;
+	cJSON_free(text);
+	return rc;
+}
+
+void kiln_json_free(kiln_json *root)
+{
+	cJSON_Delete(C(root));
+}
+
+kiln_json *kiln_json_parse(const char *text, size_t len)
+{
+	return K(cJSON_ParseWithLength(text, len));
+}
+
+const kiln_json *kiln_json_get(const kiln_json *obj, const char *key)
+{
+	if (!obj || !cJSON_IsObject(C(obj)))
+		return NULL;
+	return K(cJSON_GetObjectItemCaseSensitive(C(obj), key));
+}
+
+const kiln_json *kiln_json_at(const kiln_json *arr, int index)
+{
+	if (!arr || !cJSON_IsArray(C(arr)))
+		return NULL;
+	return K(cJSON_GetArrayItem(C(arr), index));
+}
+
+int kiln_json_size(const kiln_json *arr)
+{
+	return arr && cJSON_IsArray(C(arr)) ? cJSON_GetArraySize(C(arr)) : 0;
+}
+
+bool kiln_json_is_number(const kiln_json *v)
+{
+	return v && cJSON_IsNumber(C(v));
+}
+
+double kiln_json_number(const kiln_json *v)
+{
+	return kiln_json_is_number(v) ? C(v)->valuedouble : NAN;
+}
+
+const char *kiln_json_string(const kiln_json *v)
+{
+	return v && cJSON_IsString(C(v)) ? C(v)->valuestring : NULL;
+}

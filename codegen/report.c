@@ -1,0 +1,242 @@
+/* codegen/report.c: `kilnc check` and `kilnc report`, as text and JSON.
+ *
+ * Every figure comes from the cost model (docs/cost-model.md); this file only
+ * arranges it. Text is for people (GiB, ms); JSON is for tools (bytes, us).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "costmodel/costmodel.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static const char *fn_name(kiln_fn f)
+{
+	return f == KILN_FN_SWIGLU ? "swiglu" : "gelu";
+}
+
+static const char *dtype_name(kiln_dtype d)
+{
+	switch (d) {
+	case KILN_DTYPE_BF16:
+		return "bf16";
+	case KILN_DTYPE_FP16:
+		return "fp16";
+	case KILN_DTYPE_FP8:
+		return "fp8";
+	}
+	return "?";
+}
+
+static const char *schedule_name(kiln_schedule s)
+{
+	return s == KILN_SCHED_1F1B ? "1f1b" : "interleaved";
+}
+
+/* "671.0 B" style parameter counts. */
+static void fmt_count(char *buf, size_t n, double v)
+{
+	if (v >= 1e12)
+		snprintf(buf, n, "%.3f T", v / 1e12);
+	else if (v >= 1e9)
+		snprintf(buf, n, "%.1f B", v / 1e9);
+	else if (v >= 1e6)
+		snprintf(buf, n, "%.1f M", v / 1e6);
+	else
+		snprintf(buf, n, "%.0f", v);
+}
+
+static double balanced_rows(const kiln_ir_graph *g)
+{
+	for (int32_t i = 0; i < g->n_layers; i++)
+		if (g->layers[i].kind == KILN_LAYER_MOE)
+			return g->layers[i].n_balanced;
+	return 0;
+}
+
+void kiln_report_check(const kiln_ir_graph *g, FILE *out)
+{
+	const kiln_model *m = g->model;
+	kiln_cost_params p;
+	kiln_cost_params_count(g, &p);
+	char total[32], active[32];
+	fmt_count(total, sizeof total, (double)p.total);
+	fmt_count(active, sizeof active, (double)p.active);
+
+	fprintf(out, "%s: ok (%s)\n", m->name, m->path ? m->path : "-");
+	int64_t moe_layers = m->moe ? m->layers - m->dense_layers : 0;
+	fprintf(out, "  model     %lld layers (%lld dense, %lld MoE), hidden %lld, %lld heads",
+	        (long long)m->layers, (long long)(m->layers - moe_layers), (long long)moe_layers,
+	        (long long)m->hidden, (long long)m->heads);
+	if (m->mla)
+		fprintf(out, " (MLA, kv rank %lld)", (long long)m->kv_lora_rank);
+	else if (m->kv_heads != m->heads)
+		fprintf(out, " / %lld kv", (long long)m->kv_heads);
+	fprintf(out, ", %s attention, vocab %lld, seq %lld\n",
+	        m->attention == KILN_ATTN_FLASH ? "flash" : "eager", (long long)m->vocab,
+	        (long long)m->seq_len);
+	if (m->moe)
+		fprintf(out, "  moe       %lld experts + %lld shared, top-%lld, expert ffn %lld (%s)\n",
+		        (long long)m->experts, (long long)m->shared_experts, (long long)m->top_k,
+		        (long long)m->expert_ffn_hidden, fn_name(m->moe_activation));
+	if (m->layers - moe_layers > 0)
+		fprintf(out, "  ffn       %lld (%s)\n", (long long)m->ffn_hidden, fn_name(m->activation));
+	fprintf(out, "  params    %s total, %s active per token\n", total, active);
+	fprintf(out, "  training  micro-batch %lld x %lld micro-batches x dp %lld = %lld sequences, %s%s\n",
+	        (long long)m->micro_batch, (long long)m->micro_batches, (long long)m->dp,
+	        (long long)m->global_batch, dtype_name(m->dtype),
+	        m->distributed_optimizer ? ", distributed optimizer" : "");
+	fprintf(out, "  parallel  %lld devices = tp %lld x pp %lld x dp %lld; ep %lld (edp %lld)%s; %s",
+	        (long long)m->devices, (long long)m->tp, (long long)m->pp, (long long)m->dp,
+	        (long long)m->ep, (long long)m->edp,
+	        m->sequence_parallel && m->tp > 1 ? ", sequence parallel" : "",
+	        schedule_name(m->schedule));
+	if (m->schedule == KILN_SCHED_INTERLEAVED)
+		fprintf(out, " (vpp %lld)", (long long)m->vpp);
+	fputc('\n', out);
+	fprintf(out, "  stages    layers per stage:");
+	for (int32_t s = 0; s < g->n_stages; s++) {
+		int n = 0;
+		for (int32_t l = g->stages[s].layer_begin; l < g->stages[s].layer_end; l++)
+			n += g->layers[l].index >= 0;
+		fprintf(out, " %d", n);
+	}
+	fputc('\n', out);
+	const kiln_hardware *hw = &m->hw;
+	fprintf(out,
+	        "  hardware  %s: %.4g GiB (%.4g reserved), %.4g TFLOP/s x %.2f, HBM %.4g GB/s, "
+	        "host copies %.4g/%.4g GB/s\n",
+	        hw->name, hw->memory_gib, hw->reserved_gib, hw->peak_tflops, hw->gemm_efficiency,
+	        hw->hbm_gbps, hw->h2d_gbps, hw->d2h_gbps);
+	if (m->moe)
+		fprintf(out,
+		        "  load      balanced N = %.0f expert rows per device per MoE layer; plans up to "
+		        "%.3gx\n",
+		        balanced_rows(g), m->max_factor);
+	fprintf(out, "  graph     %d stages, %d layers, %d ops, %d tensors\n", g->n_stages,
+	        g->n_layers, g->n_ops, g->n_tensors);
+}
+
+void kiln_report_text(const kiln_ir_graph *g, FILE *out)
+{
+	const kiln_model *m = g->model;
+	double rmax = m->max_factor;
+	fprintf(out, "%s on %lld x %s (tp %lld, pp %lld, dp %lld, ep %lld), %s, %lld micro-batches\n\n",
+	        m->name, (long long)m->devices, m->hw.name, (long long)m->tp, (long long)m->pp,
+	        (long long)m->dp, (long long)m->ep, schedule_name(m->schedule),
+	        (long long)m->micro_batches);
+	fprintf(out, "memory per device, GiB (activations per micro-batch; peak keeps everything)\n");
+	fprintf(out, "%5s %6s | %7s %7s %7s %7s | %7s %7s | %8s | %7s %7s %8s %8s | %7s %7s\n",
+	        "stage", "layers", "weights", "grads", "optim", "static", "act@1", "act@max",
+	        "inflight", "peak@1", "spike", "capacity", "headroom", "fwd ms", "bwd ms");
+	int over = 0;
+	for (int32_t s = 0; s < g->n_stages; s++) {
+		kiln_cost_stage_summary r;
+		kiln_cost_stage_summarize(g, s, &r);
+		char layers[16];
+		snprintf(layers, sizeof layers, "%d%s%s", r.layers, r.embedding ? "+E" : "",
+		         r.head ? "+H" : "");
+		fprintf(out,
+		        "%5d %6s | %7.2f %7.2f %7.2f %7.2f | %7.2f %7.2f | %8.3g | %7.2f %7.2f %8.2f "
+		        "%8.2f | %7.2f %7.2f\n",
+		        s, layers, r.st.weights / GIB, r.st.grads / GIB, r.st.optimizer / GIB,
+		        r.st.total / GIB, r.act_r1_bytes / GIB, r.act_max_bytes / GIB, r.inflight,
+		        r.peak_r1_bytes / GIB, r.peak_spike_bytes / GIB, r.capacity_bytes / GIB,
+		        r.headroom_bytes / GIB, r.fwd_us / 1e3, r.bwd_us / 1e3);
+		over += r.headroom_bytes < 0;
+	}
+	fprintf(out, "\nact@max: every MoE layer at load factor %.3g; spike: one in-flight micro-batch at "
+	             "%.3g, the others at 1.\n",
+	        rmax, rmax);
+	fprintf(out, "+E: embedding, +H: output layer and loss on this stage.\n");
+	if (over)
+		fprintf(out,
+		        "%d of %d stages cannot keep every activation through a %.3gx spike "
+		        "(negative headroom).\n",
+		        over, g->n_stages, rmax);
+	else
+		fprintf(out, "every stage keeps every activation through a %.3gx spike.\n", rmax);
+
+	kiln_cost_iteration it;
+	kiln_cost_iteration_estimate(g, 1.0, &it);
+	fprintf(out,
+	        "\niteration (everything kept, balanced load): %.3f s, %.4g tokens/s, MFU %.1f%%, "
+	        "bubble %.1f%%, slowest stage %d\n",
+	        it.iteration_s, it.tokens_per_s, 100.0 * it.mfu, 100.0 * it.bubble_fraction,
+	        it.slowest_stage);
+}
+
+kiln_json *kiln_report_json(const kiln_ir_graph *g)
+{
+	const kiln_model *m = g->model;
+	kiln_json *root = kiln_json_object();
+	kiln_json_add_number(root, "kiln_report", 1);
+	kiln_json_add_string(root, "model", m->name);
+	kiln_json_add_string(root, "path", m->path);
+	kiln_json_add_string(root, "hardware", m->hw.name);
+
+	kiln_json *par = kiln_json_add_object(root, "parallel");
+	kiln_json_add_number(par, "devices", (double)m->devices);
+	kiln_json_add_number(par, "tp", (double)m->tp);
+	kiln_json_add_number(par, "pp", (double)m->pp);
+	kiln_json_add_number(par, "dp", (double)m->dp);
+	kiln_json_add_number(par, "ep", (double)m->ep);
+	kiln_json_add_number(par, "edp", (double)m->edp);
+	kiln_json_add_number(par, "vpp", (double)m->vpp);
+	kiln_json_add_string(par, "schedule", schedule_name(m->schedule));
+	kiln_json_add_bool(par, "sequence_parallel", m->sequence_parallel && m->tp > 1);
+	kiln_json_add_number(par, "micro_batches", (double)m->micro_batches);
+
+	kiln_cost_params p;
+	kiln_cost_params_count(g, &p);
+	kiln_json *params = kiln_json_add_object(root, "params");
+	kiln_json_add_number(params, "total", (double)p.total);
+	kiln_json_add_number(params, "active", (double)p.active);
+	kiln_json_add_number(params, "expert", (double)p.expert);
+
+	kiln_json *load = kiln_json_add_object(root, "load");
+	kiln_json_add_number(load, "max_factor", m->max_factor);
+	kiln_json_add_number(load, "balanced_rows", balanced_rows(g));
+
+	kiln_json *stages = kiln_json_add_array(root, "stages");
+	for (int32_t s = 0; s < g->n_stages; s++) {
+		kiln_cost_stage_summary r;
+		kiln_cost_stage_summarize(g, s, &r);
+		kiln_json *st = kiln_json_add_object(stages, NULL);
+		kiln_json_add_number(st, "stage", s);
+		kiln_json_add_number(st, "layers", r.layers);
+		kiln_json_add_number(st, "moe_layers", r.moe_layers);
+		kiln_json_add_bool(st, "embedding", r.embedding);
+		kiln_json_add_bool(st, "head", r.head);
+		kiln_json_add_number(st, "params", (double)r.st.params);
+		kiln_json *sb = kiln_json_add_object(st, "static_bytes");
+		kiln_json_add_number(sb, "weights", (double)r.st.weights);
+		kiln_json_add_number(sb, "grads", (double)r.st.grads);
+		kiln_json_add_number(sb, "optimizer", (double)r.st.optimizer);
+		kiln_json_add_number(sb, "total", (double)r.st.total);
+		kiln_json *ab = kiln_json_add_object(st, "activation_bytes");
+		kiln_json_add_number(ab, "r1", r.act_r1_bytes);
+		kiln_json_add_number(ab, "max", r.act_max_bytes);
+		kiln_json_add_number(st, "inflight", r.inflight);
+		kiln_json *pb = kiln_json_add_object(st, "peak_bytes");
+		kiln_json_add_number(pb, "r1", r.peak_r1_bytes);
+		kiln_json_add_number(pb, "spike", r.peak_spike_bytes);
+		kiln_json_add_number(st, "capacity_bytes", r.capacity_bytes);
+		kiln_json_add_number(st, "headroom_bytes", r.headroom_bytes);
+		kiln_json *tu = kiln_json_add_object(st, "time_us");
+		kiln_json_add_number(tu, "forward", r.fwd_us);
+		kiln_json_add_number(tu, "backward", r.bwd_us);
+	}
+
+	kiln_cost_iteration it;
+	kiln_cost_iteration_estimate(g, 1.0, &it);
+	kiln_json *itj = kiln_json_add_object(root, "iteration");
+	kiln_json_add_number(itj, "seconds", it.iteration_s);
+	kiln_json_add_number(itj, "tokens_per_second", it.tokens_per_s);
+	kiln_json_add_number(itj, "model_flops", it.model_flops);
+	kiln_json_add_number(itj, "mfu", it.mfu);
+	kiln_json_add_number(itj, "bubble_fraction", it.bubble_fraction);
+	kiln_json_add_number(itj, "slowest_stage", it.slowest_stage);
+	return root;
+}

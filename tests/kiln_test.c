@@ -1,0 +1,112 @@
+/* tests/kiln_test.c: helpers shared by the test suites (no tests here). */
+#include "kiln_test.h"
+
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char *slurp(int fd, size_t *out_len)
+{
+	size_t cap = 4096, len = 0;
+	char *buf = malloc(cap);
+	cr_assert_not_null(buf);
+	lseek(fd, 0, SEEK_SET);
+	for (;;) {
+		if (cap - len < 4096) {
+			cap *= 2;
+			buf = realloc(buf, cap);
+			cr_assert_not_null(buf);
+		}
+		ssize_t n = read(fd, buf + len, cap - len - 1);
+		if (n <= 0)
+			break;
+		len += (size_t)n;
+	}
+	buf[len] = '\0';
+	*out_len = len;
+	return buf;
+}
+
+static int temp_fd(void)
+{
+	char path[] = "/tmp/kiln-test-XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert(fd >= 0, "mkstemp failed");
+	unlink(path);
+	return fd;
+}
+
+kt_run kt_kilnc(const char *const *args, const char *stdout_path)
+{
+	const char *argv[64];
+	size_t n = 0;
+	argv[n++] = KILN_KILNC;
+	for (; args && args[n - 1] && n < 63; n++)
+		argv[n] = args[n - 1];
+	argv[n] = NULL;
+
+	int out_fd = temp_fd(), err_fd = temp_fd();
+	pid_t pid = fork();
+	cr_assert(pid >= 0, "fork failed");
+	if (pid == 0) {
+		int fd = out_fd;
+		if (stdout_path)
+			fd = open(stdout_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd < 0)
+			_exit(127);
+		dup2(fd, 1);
+		dup2(err_fd, 2);
+		int devnull = open("/dev/null", O_RDONLY);
+		if (devnull >= 0)
+			dup2(devnull, 0);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	int st = 0;
+	while (waitpid(pid, &st, 0) < 0)
+		;
+	kt_run r;
+	r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	r.out = slurp(out_fd, &r.out_len);
+	r.err = slurp(err_fd, &r.err_len);
+	close(out_fd);
+	close(err_fd);
+	return r;
+}
+
+void kt_run_free(kt_run *r)
+{
+	free(r->out);
+	free(r->err);
+	r->out = r->err = NULL;
+}
+
+char *kt_temp_file(const char *suffix, const void *data, size_t len)
+{
+	char *path = malloc(64);
+	cr_assert_not_null(path);
+	snprintf(path, 64, "/tmp/kiln-test-XXXXXX%s", suffix);
+	int fd = mkstemps(path, (int)strlen(suffix));
+	cr_assert(fd >= 0, "mkstemps failed");
+	const char *p = data;
+	while (len > 0) {
+		ssize_t w = write(fd, p, len);
+		cr_assert(w > 0, "write failed");
+		p += w;
+		len -= (size_t)w;
+	}
+	close(fd);
+	return path;
+}
+
+const char *kt_src(const char *rel)
+{
+	static char buf[4096];
+	snprintf(buf, sizeof buf, "%s/%s", KILN_SOURCE_DIR, rel);
+	return buf;
+}

@@ -1,0 +1,316 @@
+/* tests/test_cli.c: the kilnc command line, run as a user would run it. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codegen/codegen.h"
+#include "kiln_test.h"
+
+#define RUN(...) kt_kilnc((const char *const[]){__VA_ARGS__, NULL}, NULL)
+
+static const char *const SHIPPED[] = {
+	"examples/models/tiny.yaml",           "examples/models/deepseek-v3-671b.yaml",
+	"examples/models/kimi-k2-1t.yaml",     "examples/models/qwen3-235b-a22b.yaml",
+	"examples/models/mixtral-8x22b.yaml",  "examples/models/custom-moe-188b.yaml",
+	"examples/models/llama3-8b-dense.yaml",
+};
+#define N_SHIPPED (sizeof SHIPPED / sizeof SHIPPED[0])
+
+Test(cli, version)
+{
+	kt_run r = RUN("--version");
+	cr_assert_eq(r.status, 0);
+	cr_assert(strncmp(r.out, "kilnc " KILN_VERSION "\n", strlen("kilnc " KILN_VERSION)) == 0,
+	          "got: %s", r.out);
+	kt_run_free(&r);
+}
+
+Test(cli, help_lists_commands_and_exit_statuses)
+{
+	kt_run r = RUN("--help");
+	cr_assert_eq(r.status, 0);
+	cr_assert_not_null(strstr(r.out, "check MODEL"));
+	cr_assert_not_null(strstr(r.out, "report MODEL"));
+	cr_assert_not_null(strstr(r.out, "Exit status"));
+	kt_run_free(&r);
+	r = RUN("help", "report");
+	cr_assert_eq(r.status, 0);
+	cr_assert_not_null(strstr(r.out, "headroom"));
+	kt_run_free(&r);
+	r = RUN("report", "--help");
+	cr_assert_eq(r.status, 0);
+	cr_assert_not_null(strstr(r.out, "usage: kilnc report"));
+	kt_run_free(&r);
+}
+
+Test(cli, usage_errors_exit_2)
+{
+	const char *const *cases[] = {
+		(const char *const[]){NULL},
+		(const char *const[]){"frobnicate", NULL},
+		(const char *const[]){"--frobnicate", NULL},
+		(const char *const[]){"check", NULL},
+		(const char *const[]){"report", "a.yaml", "b.yaml", NULL},
+		(const char *const[]){"report", "--bogus", "a.yaml", NULL},
+		(const char *const[]){"check", "--json", "a.yaml", NULL},
+		(const char *const[]){"help", "frobnicate", NULL},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		kt_run r = kt_kilnc(cases[i], NULL);
+		cr_assert_eq(r.status, 2, "case %zu: status %d, stderr: %s", i, r.status, r.err);
+		cr_assert(r.err_len > 0, "case %zu: no message", i);
+		cr_assert_eq(r.out_len, 0, "case %zu: wrote to stdout", i);
+		kt_run_free(&r);
+	}
+}
+
+Test(cli, unknown_dump_pass_is_a_usage_error)
+{
+	kt_run r = RUN("check", kt_src("examples/models/tiny.yaml"), "--dump-after=nope");
+	cr_assert_eq(r.status, 2, "stderr: %s", r.err);
+	cr_assert_not_null(strstr(r.err, "nope"));
+	kt_run_free(&r);
+}
+
+Test(cli, dump_after_lower_prints_the_ir)
+{
+	kt_run r = RUN("check", kt_src("examples/models/tiny.yaml"), "--dump-after=lower");
+	cr_assert_eq(r.status, 0, "stderr: %s", r.err);
+	/* The tiny model's IR names its MoE tensors. */
+	cr_assert_not_null(strstr(r.out, "moe.expert_in"), "stdout: %.400s", r.out);
+	kt_run_free(&r);
+}
+
+Test(cli, every_shipped_model_checks)
+{
+	for (size_t i = 0; i < N_SHIPPED; i++) {
+		kt_run r = RUN("check", kt_src(SHIPPED[i]));
+		cr_assert_eq(r.status, 0, "%s: status %d, stderr: %s", SHIPPED[i], r.status, r.err);
+		cr_assert_not_null(strstr(r.out, ": ok"), "%s: %s", SHIPPED[i], r.out);
+		cr_assert_eq(r.err_len, 0, "%s: stderr: %s", SHIPPED[i], r.err);
+		kt_run_free(&r);
+	}
+}
+
+static double num(const kiln_json *o, const char *k1, const char *k2)
+{
+	const kiln_json *v = kiln_json_get(o, k1);
+	if (k2)
+		v = kiln_json_get(v, k2);
+	cr_assert(kiln_json_is_number(v), "missing number %s.%s", k1, k2 ? k2 : "");
+	return kiln_json_number(v);
+}
+
+/* The JSON report is one document whose per-stage figures add up. */
+Test(cli, report_json_is_consistent_for_every_shipped_model)
+{
+	for (size_t i = 0; i < N_SHIPPED; i++) {
+		kt_run r = RUN("report", kt_src(SHIPPED[i]), "--json");
+		cr_assert_eq(r.status, 0, "%s: %s", SHIPPED[i], r.err);
+		kiln_json *doc = kiln_json_parse(r.out, r.out_len);
+		cr_assert_not_null(doc, "%s: stdout is not JSON", SHIPPED[i]);
+		const kiln_json *stages = kiln_json_get(doc, "stages");
+		double pp = num(doc, "parallel", "pp");
+		cr_assert_eq(kiln_json_size(stages), (int)pp, "%s", SHIPPED[i]);
+		double layers = 0;
+		for (int s = 0; s < kiln_json_size(stages); s++) {
+			const kiln_json *st = kiln_json_at(stages, s);
+			layers += num(st, "layers", NULL);
+			double total = num(st, "static_bytes", "total");
+			cr_assert_eq(total,
+			             num(st, "static_bytes", "weights") + num(st, "static_bytes", "grads") +
+			                     num(st, "static_bytes", "optimizer"),
+			             "%s stage %d", SHIPPED[i], s);
+			double inflight = num(st, "inflight", NULL);
+			double a1 = num(st, "activation_bytes", "r1");
+			double amax = num(st, "activation_bytes", "max");
+			cr_assert(amax >= a1, "%s stage %d", SHIPPED[i], s);
+			double spike = total + (inflight - 1) * a1 + amax;
+			cr_assert(fabs(num(st, "peak_bytes", "spike") - spike) <= 1e-9 * spike + 1,
+			          "%s stage %d", SHIPPED[i], s);
+			cr_assert(fabs(num(st, "headroom_bytes", NULL) -
+			               (num(st, "capacity_bytes", NULL) - spike)) <= 1e-9 * spike + 1,
+			          "%s stage %d", SHIPPED[i], s);
+		}
+		/* Every model layer lands on exactly one stage. */
+		const kiln_json *params = kiln_json_get(doc, "params");
+		cr_assert(num(params, "total", NULL) > 0);
+		cr_assert(layers > 0);
+		double mfu = num(doc, "iteration", "mfu");
+		cr_assert(mfu > 0 && mfu < 1, "%s: mfu %g", SHIPPED[i], mfu);
+		kiln_json_free(doc);
+		kt_run_free(&r);
+	}
+}
+
+/* tiny.yaml's inline hardware: memory 0.03125 GiB, reserved 0.0078125 GiB,
+ * so capacity = (1/32 - 1/128) * 2^30 = 25,165,824 bytes on every stage. */
+Test(cli, report_capacity_follows_the_hardware_profile)
+{
+	kt_run r = RUN("report", kt_src("examples/models/tiny.yaml"), "--json");
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kiln_json *doc = kiln_json_parse(r.out, r.out_len);
+	cr_assert_not_null(doc);
+	const kiln_json *stages = kiln_json_get(doc, "stages");
+	cr_assert_eq(kiln_json_size(stages), 2);
+	for (int s = 0; s < 2; s++)
+		cr_assert_eq(num(kiln_json_at(stages, s), "capacity_bytes", NULL), 25165824.0);
+	/* 1F1B with p = 2, m = 16 / (2 * 1) = 8: stage 0 holds 2, stage 1 holds 1. */
+	cr_assert_eq(num(kiln_json_at(stages, 0), "inflight", NULL), 2.0);
+	cr_assert_eq(num(kiln_json_at(stages, 1), "inflight", NULL), 1.0);
+	kiln_json_free(doc);
+	kt_run_free(&r);
+}
+
+Test(cli, report_text_names_every_stage)
+{
+	kt_run r = RUN("report", kt_src("examples/models/deepseek-v3-671b.yaml"));
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "headroom"));
+	cr_assert_not_null(strstr(r.out, "MFU"));
+	/* 16 stages: rows 0..15. */
+	cr_assert_not_null(strstr(r.out, "\n   15 "), "%s", r.out);
+	kt_run_free(&r);
+}
+
+Test(cli, write_failure_is_an_error)
+{
+	if (access("/dev/full", W_OK) != 0)
+		cr_skip_test("no /dev/full");
+	kt_run r = kt_kilnc((const char *const[]){"report", kt_src("examples/models/tiny.yaml"), NULL},
+	                    "/dev/full");
+	cr_assert_neq(r.status, 0);
+	cr_assert_not_null(strstr(r.err, "writing the output failed"), "%s", r.err);
+	kt_run_free(&r);
+}
+
+Test(cli, missing_file_is_bad_input)
+{
+	kt_run r = RUN("check", "/nonexistent/model.yaml");
+	cr_assert_eq(r.status, 1);
+	cr_assert_not_null(strstr(r.err, "/nonexistent/model.yaml"), "%s", r.err);
+	kt_run_free(&r);
+}
+
+/* A file with several mistakes: all are reported, each as FILE:LINE:COL. */
+Test(cli, every_error_is_reported_with_its_position)
+{
+	static const char text[] = "kiln: 1\n"
+	                           "name: broken\n"
+	                           "model:\n"
+	                           "  layers: 0\n"         /* line 4: not positive */
+	                           "  hidden: 64\n"
+	                           "  ffn_hiden: 256\n"    /* line 6: unknown key */
+	                           "  heads: 4\n"
+	                           "  vocab: 256\n"
+	                           "  seq_len: 128\n"
+	                           "  attention: sparse\n" /* line 10: bad enum */
+	                           "training:\n"
+	                           "  global_batch: 8\n"
+	                           "parallel:\n"
+	                           "  devices: 1\n"
+	                           "hardware: bw1000\n";
+	char *path = kt_temp_file(".yaml", text, sizeof text - 1);
+	kt_run r = RUN("check", path);
+	cr_assert_eq(r.status, 1);
+	cr_assert_eq(r.out_len, 0, "stdout: %s", r.out);
+	char want[4200];
+	snprintf(want, sizeof want, "%s:4:11: error:", path);
+	cr_assert_not_null(strstr(r.err, want), "stderr: %s", r.err);
+	snprintf(want, sizeof want, "%s:6:3: error:", path);
+	cr_assert_not_null(strstr(r.err, want), "stderr: %s", r.err);
+	cr_assert_not_null(strstr(r.err, "ffn_hidden"), "no suggestion: %s", r.err);
+	snprintf(want, sizeof want, "%s:10:14: error:", path);
+	cr_assert_not_null(strstr(r.err, want), "stderr: %s", r.err);
+	unlink(path);
+	free(path);
+	kt_run_free(&r);
+}
+
+/* Hostile input: exit 1 with a message, no crash, no output, quickly. */
+static void expect_rejected(const char *what, const void *data, size_t len)
+{
+	char *path = kt_temp_file(".yaml", data, len);
+	kt_run r = RUN("check", path);
+	cr_assert_eq(r.status, 1, "%s: status %d, stderr: %.300s", what, r.status, r.err);
+	cr_assert(strstr(r.err, "error:") != NULL, "%s: no error message: %.300s", what, r.err);
+	cr_assert_eq(r.out_len, 0, "%s: wrote to stdout", what);
+	unlink(path);
+	free(path);
+	kt_run_free(&r);
+}
+
+Test(cli_hostile, empty_file)
+{
+	expect_rejected("empty", "", 0);
+}
+
+Test(cli_hostile, binary_garbage)
+{
+	unsigned char junk[4096];
+	unsigned x = 12345;
+	for (size_t i = 0; i < sizeof junk; i++) {
+		x = x * 1103515245u + 12345u;
+		junk[i] = (unsigned char)(x >> 16);
+	}
+	expect_rejected("garbage", junk, sizeof junk);
+}
+
+Test(cli_hostile, fifty_megabytes)
+{
+	size_t len = 50u * 1000u * 1000u;
+	char *big = malloc(len);
+	cr_assert_not_null(big);
+	static const char line[] = "# padding padding padding padding padding padding padding\n";
+	for (size_t i = 0; i < len; i++)
+		big[i] = line[i % (sizeof line - 1)];
+	expect_rejected("50 MB", big, len);
+	free(big);
+}
+
+Test(cli_hostile, deep_nesting)
+{
+	size_t depth = 10000;
+	char *deep = malloc(2 * depth + 16);
+	cr_assert_not_null(deep);
+	memcpy(deep, "kiln: ", 6);
+	for (size_t i = 0; i < depth; i++)
+		deep[6 + i] = '[';
+	for (size_t i = 0; i < depth; i++)
+		deep[6 + depth + i] = ']';
+	deep[6 + 2 * depth] = '\n';
+	expect_rejected("[ x 10000", deep, 6 + 2 * depth + 1);
+	/* And block mappings nested by indentation are cut off too. */
+	free(deep);
+}
+
+Test(cli_hostile, integer_beyond_2_63)
+{
+	static const char text[] = "kiln: 1\nmodel:\n  layers: 9223372036854775808\n";
+	expect_rejected("2^63", text, sizeof text - 1);
+	static const char text2[] = "kiln: 1\nmodel:\n  hidden: 99999999999999999999999999999\n";
+	expect_rejected("10^29", text2, sizeof text2 - 1);
+}
+
+Test(cli_hostile, duplicate_keys)
+{
+	static const char text[] = "kiln: 1\nkiln: 1\n";
+	expect_rejected("duplicate", text, sizeof text - 1);
+}
+
+Test(cli_hostile, alias_bomb)
+{
+	static const char text[] = "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+	                           "b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+	                           "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+	                           "d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+	                           "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n"
+	                           "f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n"
+	                           "g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]\n"
+	                           "h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g, *g]\n"
+	                           "i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h, *h]\n";
+	expect_rejected("billion laughs", text, sizeof text - 1);
+}
