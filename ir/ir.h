@@ -174,6 +174,20 @@ typedef enum {
 	KILN_LAYER_HEAD   /* final norm, output layer, loss, on the last stage */
 } kiln_layer_kind;
 
+/* What a COMM op does on the wire. The cost model times an all-reduce at
+ * 2(g-1)/g of its bytes, all-gather and reduce-scatter at (g-1)/g, an
+ * all-to-all at (g-1)/g, a point-to-point send at its bytes; NONE and RECV
+ * move nothing this op pays for (a receive is charged to its sender). */
+typedef enum {
+	KILN_COLL_NONE,
+	KILN_COLL_ALL_REDUCE,
+	KILN_COLL_ALL_GATHER,
+	KILN_COLL_REDUCE_SCATTER,
+	KILN_COLL_ALL_TO_ALL,
+	KILN_COLL_SEND,
+	KILN_COLL_RECV
+} kiln_collective;
+
 /* Tensor flags. */
 enum {
 	KILN_T_SAVED = 1u << 0,  /* backward needs it: resident until backward */
@@ -200,6 +214,8 @@ typedef struct kiln_ir_op {
 	kiln_linf traffic; /* HBM bytes read + written, for MEM and ATTN ops */
 	kiln_linf comm_bytes; /* bytes each rank sends, for COMM ops */
 	int32_t comm_group;   /* ranks in the collective, for COMM ops */
+	kiln_collective collective; /* for COMM ops; NONE otherwise */
+	/* Weights are recorded on forward ops only; backward ops carry 0. */
 	uint64_t params_local;  /* weight elements held by one device */
 	uint64_t params_global; /* weight elements in the whole model */
 	bool expert_params;     /* weights sharded by EP (optimizer by edp) */
@@ -242,6 +258,8 @@ typedef struct kiln_ir_graph {
 const char *kiln_ir_op_kind_name(kiln_op_kind k);
 kiln_op_class kiln_ir_op_kind_class(kiln_op_kind k);
 const char *kiln_ir_layer_kind_name(kiln_layer_kind k);
+/* Printed name of a collective ("all_reduce", ...). */
+const char *kiln_ir_collective_name(kiln_collective c);
 /* Bytes per activation element for the model's dtype (2 for bf16/fp16, 1 for fp8). */
 uint64_t kiln_model_act_bytes(const kiln_model *m);
 
@@ -262,8 +280,10 @@ int32_t kiln_ir_builder_tensor(kiln_ir_builder *b, const char *name, kiln_lin by
 /* Adds a copy of *op (name, inputs and outputs are copied; layer is set) to the
  * current layer. Returns its index or -1. */
 int32_t kiln_ir_builder_op(kiln_ir_builder *b, const kiln_ir_op *op);
-/* The finished graph, arena-owned; NULL on exhaustion. The builder is
- * consumed. */
+/* The finished graph, arena-owned; NULL on exhaustion or when any earlier
+ * builder call failed. The builder is consumed (freed) in every case, so a
+ * caller that meets an error midway still calls finish to release it.
+ * NULL is allowed (returns NULL). */
 kiln_ir_graph *kiln_ir_builder_finish(kiln_ir_builder *b);
 
 /* ---------------------------------------------------------------- verify.c */

@@ -1,0 +1,523 @@
+/* tests/test_costmodel.c: costmodel/memory.c, time.c and summary.c.
+ *
+ * Expected values are derived by hand in the comments (docs/cost-model.md
+ * gives the equations), never pasted from the code's output.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "costmodel/costmodel.h"
+#include "passes/passes.h"
+
+typedef struct tmodel {
+	kiln_model m;
+	int64_t chunks[64];
+} tmodel;
+
+static void tm_init(tmodel *t)
+{
+	memset(t, 0, sizeof(*t));
+	kiln_model *m = &t->m;
+	m->path = "test.yaml";
+	m->name = "test";
+	m->layers = 4;
+	m->dense_layers = 4;
+	m->hidden = 64;
+	m->ffn_hidden = 256;
+	m->heads = 4;
+	m->kv_heads = 4;
+	m->head_dim = 16;
+	m->vocab = 1000;
+	m->seq_len = 128;
+	m->attention = KILN_ATTN_FLASH;
+	m->activation = KILN_FN_SWIGLU;
+	m->moe_activation = KILN_FN_SWIGLU;
+	m->micro_batch = 1;
+	m->global_batch = 8;
+	m->dtype = KILN_DTYPE_BF16;
+	m->optimizer = KILN_OPTIM_ADAM;
+	m->devices = 1;
+	m->tp = m->pp = m->ep = m->vpp = 1;
+	m->schedule = KILN_SCHED_1F1B;
+	m->max_factor = 2.0;
+	m->hw = (kiln_hardware){.name = "test",
+	                        .source = "<test>",
+	                        .memory_gib = 80,
+	                        .reserved_gib = 4,
+	                        .peak_tflops = 1000,
+	                        .gemm_efficiency = 0.5,
+	                        .hbm_gbps = 3000,
+	                        .h2d_gbps = 25,
+	                        .d2h_gbps = 25,
+	                        .host_memory_gib = 1024,
+	                        .devices_per_node = 8,
+	                        .intra_node_gbps = 400,
+	                        .inter_node_gbps = 50};
+}
+
+static void tm_finish(tmodel *t)
+{
+	kiln_model *m = &t->m;
+	int64_t c = m->pp * m->vpp;
+	for (int64_t i = 0; i < c; i++)
+		t->chunks[i] = m->layers / c + (i < m->layers % c ? 1 : 0);
+	m->stage_layers = t->chunks;
+	m->n_stage_layers = (size_t)c;
+	if (!m->moe)
+		m->dense_layers = m->layers;
+	m->dp = m->devices / (m->tp * m->pp);
+	m->edp = m->dp * m->tp / m->ep;
+	m->micro_batches = m->global_batch / (m->micro_batch * m->dp);
+}
+
+static kiln_ir_graph *lower_ok(const kiln_model *m, kiln_arena **arena)
+{
+	*arena = kiln_arena_new();
+	cr_assert_not_null(*arena);
+	kiln_ir_graph *g = NULL;
+	cr_assert_eq(kiln_pass_lower(m, *arena, &g), 0);
+	cr_assert_eq(kiln_ir_graph_verify(g, stderr), 0);
+	return g;
+}
+
+/* ---------------------------------------------------------------- params */
+
+/* DeepSeek-V3 / Kimi K2 shapes (DESIGN.md section 10, public configs). */
+static void mla_moe_model(tmodel *tm, int64_t dense, int64_t heads, int64_t experts, int64_t vocab)
+{
+	tm_init(tm);
+	kiln_model *m = &tm->m;
+	m->layers = 61;
+	m->dense_layers = dense;
+	m->hidden = 7168;
+	m->ffn_hidden = 18432;
+	m->heads = m->kv_heads = heads;
+	m->head_dim = 128;
+	m->vocab = vocab;
+	m->seq_len = 4096;
+	m->mla = true;
+	m->q_lora_rank = 1536;
+	m->kv_lora_rank = 512;
+	m->rope_head_dim = 64;
+	m->v_head_dim = 128;
+	m->moe = true;
+	m->experts = experts;
+	m->shared_experts = 1;
+	m->top_k = 8;
+	m->expert_ffn_hidden = 2048;
+	m->global_batch = 16;
+	tm_finish(tm);
+	m->dense_layers = dense;
+}
+
+/* DeepSeek-V3, by hand (h = 7168):
+ *   MLA attention per layer:
+ *     q_down h*1536 = 11,010,048; q_norm 1,536; q_up 1536*128*(128+64) =
+ *     37,748,736; kv_down h*(512+64) = 4,128,768; kv_norm 512; kv_up
+ *     512*128*(128+128) = 16,777,216; out_proj 128*128*h = 117,440,512
+ *     = 187,107,328; plus two norms 2h = 14,336 -> 187,121,664.
+ *   dense FFN 3*h*18432 = 396,361,728 -> dense layer 583,483,392 (x3 =
+ *     1,750,450,176).
+ *   MoE: router h*256 = 1,835,008; routed 256*3*h*2048 = 11,274,289,152;
+ *     shared 3*h*2048 = 44,040,192 -> MoE layer 11,507,286,016 (x58 =
+ *     667,422,588,928).
+ *   embedding 129280*h = 926,679,040; head: final norm 7,168 + lm_head
+ *     926,679,040.
+ *   total = 671,026,404,352 (about 671.0e9).
+ *   routed experts 58 * 11,274,289,152 = 653,908,770,816; active = total -
+ *   routed + 58*8*3*h*2048 (20,434,649,088) = 37,552,282,624. */
+Test(costmodel_params, deepseek_v3)
+{
+	tmodel tm;
+	mla_moe_model(&tm, 3, 128, 256, 129280);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_cost_params p;
+	kiln_cost_params_count(g, &p);
+	cr_expect(fabs((double)p.total - 671e9) < 0.01 * 671e9, "total %llu",
+	          (unsigned long long)p.total);
+	cr_expect_eq(p.total, 671026404352ull);
+	cr_expect_eq(p.expert, 653908770816ull);
+	cr_expect_eq(p.active, 37552282624ull);
+	kiln_arena_free(a);
+}
+
+/* Kimi K2, by hand (h = 7168, 64 heads, 384 experts, vocab 163840):
+ *   MLA attention per layer: q_down 11,010,048; q_norm 1,536; q_up
+ *     1536*64*192 = 18,874,368; kv_down 4,128,768; kv_norm 512; kv_up
+ *     512*64*256 = 8,388,608; out_proj 64*128*h = 58,720,256
+ *     = 101,124,096; plus norms 14,336 -> 101,138,432.
+ *   dense layer (1): 101,138,432 + 396,361,728 = 497,500,160.
+ *   MoE layer (60): router h*384 = 2,752,512; routed 384*44,040,192 =
+ *     16,911,433,728; shared 44,040,192 -> 17,059,364,864 (x60 =
+ *     1,023,561,891,840).
+ *   embedding 163840*h = 1,174,405,120; head 1,174,405,120 + 7,168.
+ *   total = 1,026,408,209,408 (about 1.026e12).
+ * The Kimi K2 report's headline is 1.04T, 1.3% above what its public config
+ * gives; the gap is about one MoE layer (17.06e9), e.g. a multi-token
+ * prediction module the config does not list. kiln counts what the config
+ * describes, so the test holds the hand count exactly and the headline
+ * within 1.5% (not the 1% the issue asked for: see the README's note). */
+Test(costmodel_params, kimi_k2)
+{
+	tmodel tm;
+	mla_moe_model(&tm, 1, 64, 384, 163840);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_cost_params p;
+	kiln_cost_params_count(g, &p);
+	double hand = 1026408209408.0;
+	cr_expect(fabs((double)p.total - hand) < 0.001 * hand, "total %llu",
+	          (unsigned long long)p.total);
+	cr_expect_eq(p.expert, 60ull * 16911433728ull);
+	cr_expect(fabs((double)p.total - 1.04e12) < 0.015 * 1.04e12, "total %llu",
+	          (unsigned long long)p.total);
+	kiln_arena_free(a);
+}
+
+/* ---------------------------------------------------------------- static */
+
+/* A small MoE layout: h 64, 4 heads of 16, SwiGLU FFN 256, vocab 1000,
+ * layers 4 (1 dense), 4 experts of fe 32 + 1 shared, tp 2, pp 2, 8 devices
+ * (dp 2), ep 2 (edp = dp*tp/ep = 2), Adam, distributed optimizer.
+ * Stage 0 = embedding + layer 0 (dense) + layer 1 (moe), per device:
+ *   embedding ceil(1000/2)*64 = 32,000
+ *   dense layer: ln1 64 + qkv 64*(2*16 + 2*2*16) = 6,144 + out_proj
+ *     2*16*64 = 2,048 + ln2 64 + ffn_up 64*(512/2) = 16,384 + ffn_down
+ *     (256/2)*64 = 8,192 = 32,896
+ *   moe layer: attention + norms 64+6,144+2,048+64 = 8,320, router 64*4 =
+ *     256, shared up 64*(64/2) = 2,048, shared down (32/2)*64 = 1,024 ->
+ *     11,648 non-expert; experts (4/2)*(64*64 + 32*64) = 12,288 expert.
+ *   non-expert 76,544, expert 12,288, params 88,832
+ *   weights 2*88,832 = 177,664; grads 4*88,832 = 355,328
+ *   optimizer 12*76,544/2 + 12*12,288/2 = 459,264 + 73,728 = 532,992
+ *   total 1,065,984. */
+static void static_model(tmodel *tm)
+{
+	tm_init(tm);
+	kiln_model *m = &tm->m;
+	m->moe = true;
+	m->dense_layers = 1;
+	m->experts = 4;
+	m->shared_experts = 1;
+	m->top_k = 2;
+	m->expert_ffn_hidden = 32;
+	m->tp = 2;
+	m->pp = 2;
+	m->devices = 8;
+	m->ep = 2;
+	m->sequence_parallel = true;
+	m->distributed_optimizer = true;
+	tm_finish(tm);
+	m->dense_layers = 1;
+}
+
+Test(costmodel_static, distributed_adam_by_hand)
+{
+	tmodel tm;
+	static_model(&tm);
+	cr_assert_eq(tm.m.dp, 2);
+	cr_assert_eq(tm.m.edp, 2);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_cost_static s;
+	kiln_cost_stage_static(g, 0, &s);
+	cr_expect_eq(s.params, 88832);
+	cr_expect_eq(s.weights, 177664);
+	cr_expect_eq(s.grads, 355328);
+	cr_expect_eq(s.optimizer, 532992);
+	cr_expect_eq(s.total, 1065984);
+	kiln_arena_free(a);
+}
+
+/* Same layout, plain SGD without sharding: optimizer 8 bytes per parameter,
+ * 8*88,832 = 710,656. */
+Test(costmodel_static, sgd_unsharded)
+{
+	tmodel tm;
+	static_model(&tm);
+	tm.m.distributed_optimizer = false;
+	tm.m.optimizer = KILN_OPTIM_SGD;
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_cost_static s;
+	kiln_cost_stage_static(g, 0, &s);
+	cr_expect_eq(s.optimizer, 710656);
+	cr_expect_eq(s.total, 177664 + 355328 + 710656);
+	kiln_arena_free(a);
+}
+
+/* ---------------------------------------------------------------- inflight */
+
+static void pp_model(tmodel *tm, int64_t pp, int64_t vpp, int64_t mb)
+{
+	tm_init(tm);
+	kiln_model *m = &tm->m;
+	m->layers = pp * vpp * 2;
+	m->pp = pp;
+	m->vpp = vpp;
+	m->schedule = vpp > 1 ? KILN_SCHED_INTERLEAVED : KILN_SCHED_1F1B;
+	m->devices = pp;
+	m->global_batch = mb;
+	tm_finish(tm);
+}
+
+Test(costmodel_inflight, one_f_one_b)
+{
+	/* p = 4, m = 8: min(p - s, m) = 4, 3, 2, 1. */
+	tmodel tm;
+	pp_model(&tm, 4, 1, 8);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	for (int32_t s = 0; s < 4; s++)
+		cr_expect_float_eq(kiln_cost_stage_inflight(g, s), (double)(4 - s), 1e-12);
+	kiln_arena_free(a);
+	/* p = 4, m = 2: 2, 2, 2, 1. */
+	pp_model(&tm, 4, 1, 2);
+	g = lower_ok(&tm.m, &a);
+	static const double want[] = {2, 2, 2, 1};
+	for (int32_t s = 0; s < 4; s++)
+		cr_expect_float_eq(kiln_cost_stage_inflight(g, s), want[s], 1e-12);
+	kiln_arena_free(a);
+}
+
+Test(costmodel_inflight, interleaved)
+{
+	/* p = 4, v = 2, m = 8: chunks in flight min(16, 2*(p-s-1) + (v-1)*p + 1)
+	 * = 11, 9, 7, 5 -> 5.5, 4.5, 3.5, 2.5 stage micro-batches. */
+	tmodel tm;
+	pp_model(&tm, 4, 2, 8);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	static const double want[] = {5.5, 4.5, 3.5, 2.5};
+	for (int32_t s = 0; s < 4; s++)
+		cr_expect_float_eq(kiln_cost_stage_inflight(g, s), want[s], 1e-12);
+	kiln_arena_free(a);
+	/* m = 2: at most m*v = 4 chunks -> 2, 2, 2, 2. */
+	pp_model(&tm, 4, 2, 2);
+	g = lower_ok(&tm.m, &a);
+	for (int32_t s = 0; s < 4; s++)
+		cr_expect_float_eq(kiln_cost_stage_inflight(g, s), 2.0, 1e-12);
+	kiln_arena_free(a);
+}
+
+/* ---------------------------------------------------------------- activations */
+
+/* Aliased tensors count once: a builder graph with x (100 B saved), y
+ * aliasing x (saved), z (7 B + 3 B per row, saved expert), w (unsaved). */
+Test(costmodel_activation, alias_groups_once)
+{
+	tmodel tm;
+	tm_init(&tm);
+	kiln_arena *a = kiln_arena_new();
+	kiln_ir_builder *b = kiln_ir_builder_new(a, &tm.m);
+	kiln_ir_builder_stage(b);
+	kiln_ir_builder_layer(b, KILN_LAYER_MOE, 0, 0, 10);
+	int32_t x = kiln_ir_builder_tensor(b, "x", (kiln_lin){100, 0}, KILN_T_SAVED, -1);
+	kiln_ir_builder_tensor(b, "y", (kiln_lin){100, 0}, KILN_T_SAVED, x);
+	kiln_ir_builder_tensor(b, "z", (kiln_lin){7, 3}, KILN_T_SAVED | KILN_T_EXPERT, -1);
+	kiln_ir_builder_tensor(b, "w", (kiln_lin){1000, 0}, 0, -1);
+	kiln_ir_graph *g = kiln_ir_builder_finish(b);
+	cr_assert_not_null(g);
+	kiln_lin l = kiln_cost_layer_activation(g, 0);
+	cr_expect_eq(l.base, 107);
+	cr_expect_eq(l.per_n, 3);
+	/* At r = 2: N = 2 * 10, bytes = 107 + 3*20 = 167. */
+	cr_expect_float_eq(kiln_cost_stage_activation_bytes(g, 0, 2.0), 167.0, 1e-9);
+	kiln_arena_free(a);
+}
+
+/* A stage's bytes at r are the sum of its layers at N = r * n_balanced:
+ * equal to the keep-all sums plus per_n * r * n_balanced per MoE layer. */
+Test(costmodel_activation, stage_sum_at_load)
+{
+	tmodel tm;
+	static_model(&tm);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	/* Stage 1: layers 2, 3 (moe) and the head. n_balanced = T/t * k = 64 * 2. */
+	const kiln_ir_stage *st = &g->stages[1];
+	double base = 0, per_n = 0;
+	for (int32_t t = g->layers[st->layer_begin].tensor_begin;
+	     t < g->layers[st->layer_end - 1].tensor_end; t++) {
+		if (g->tensors[t].flags & KILN_T_SAVED) {
+			base += (double)g->tensors[t].bytes.base;
+			per_n += (double)g->tensors[t].bytes.per_n;
+		}
+	}
+	/* Two MoE layers, each per row: perm_idx 4 + expert_in 2*64 + expert_up
+	 * 2*(2*32) + expert_act 2*32 + expert_out 2*64 = 452 bytes. */
+	cr_expect_float_eq(per_n, 2.0 * (4 + 128 + 128 + 64 + 128), 1e-9);
+	for (double r = 0; r <= 3; r += 0.5)
+		cr_expect_float_eq(kiln_cost_stage_activation_bytes(g, 1, r),
+		                   base + per_n * r * 128, 1e-6);
+	kiln_arena_free(a);
+}
+
+/* ---------------------------------------------------------------- time */
+
+/* Op times by hand: peak 1000 TFLOP/s at efficiency 0.5 = 5e8 FLOPs per us;
+ * HBM 3000 GB/s = 3e6 bytes per us; intra-node 400 GB/s, inter-node 50. */
+Test(costmodel_time, ops_by_hand)
+{
+	tmodel tm;
+	tm_init(&tm);
+	kiln_ir_graph g = {.model = &tm.m};
+	kiln_ir_op op = {.kind = KILN_OP_FFN_UP, .flops = {1e12, 0}};
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 2000.0, 1e-9);
+	op = (kiln_ir_op){.kind = KILN_OP_EXPERT_UP, .flops = {0, 1e9}};
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 3), 6.0, 1e-9);
+	op = (kiln_ir_op){.kind = KILN_OP_NORM, .traffic = {6e9, 0}};
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 2000.0, 1e-9);
+	/* Attention: the slower of 1e12 FLOPs (2000 us) and 3e9 bytes (1000 us). */
+	op = (kiln_ir_op){.kind = KILN_OP_ATTN_CORE, .flops = {1e12, 0}, .traffic = {3e9, 0}};
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 2000.0, 1e-9);
+	op.traffic.base = 9e9;
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 3000.0, 1e-9);
+	/* All-reduce of 4e9 bytes over 4 ranks in a node: 2*3/4*4e9/400e9 s. */
+	op = (kiln_ir_op){.kind = KILN_OP_TP_COMM,
+	                  .comm_bytes = {4e9, 0},
+	                  .comm_group = 4,
+	                  .collective = KILN_COLL_ALL_REDUCE};
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 15000.0, 1e-6);
+	op.collective = KILN_COLL_ALL_GATHER;
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 7500.0, 1e-6);
+	op.collective = KILN_COLL_REDUCE_SCATTER;
+	op.comm_group = 16; /* beyond a node: 15/16*4e9/50e9 s */
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 75000.0, 1e-6);
+	op.collective = KILN_COLL_NONE;
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 0.0, 1e-12);
+	/* All-to-all of 1e6 bytes per row at N = 1000 over ep = 8: 7/8*1e9/400e9. */
+	op = (kiln_ir_op){.kind = KILN_OP_DISPATCH,
+	                  .comm_bytes = {0, 1e6},
+	                  .comm_group = 8,
+	                  .collective = KILN_COLL_ALL_TO_ALL};
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 1000), 2187.5, 1e-6);
+	op.comm_group = 1;
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 1000), 0.0, 1e-12);
+	/* Pipeline send of 1e9 bytes at 50 GB/s; a receive costs nothing. */
+	op = (kiln_ir_op){.kind = KILN_OP_PP_SEND,
+	                  .comm_bytes = {1e9, 0},
+	                  .comm_group = 2,
+	                  .collective = KILN_COLL_SEND};
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 20000.0, 1e-6);
+	op.collective = KILN_COLL_RECV;
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 0.0, 1e-12);
+}
+
+/* One dense layer, t = 1, flash, GeLU ffn 256, T = 128, h = 64, H = 4,
+ * d = 16, vocab 1000, with HBM made so fast that memory-bound ops vanish.
+ * Forward FLOPs: qkv 2*128*64*192 = 3,145,728; core 2*128^2*4*32 =
+ * 4,194,304; out_proj 2*128*64*64 = 1,048,576; ffn_up and ffn_down
+ * 2*128*64*256 = 4,194,304 each; lm_head 2*128*64*1000 = 16,384,000;
+ * total 33,161,216. Backward: 2x except the core at 2.5x:
+ * 2*(33,161,216 - 4,194,304) + 2.5*4,194,304 = 68,419,584. */
+Test(costmodel_time, iteration_by_hand)
+{
+	tmodel tm;
+	tm_init(&tm);
+	tm.m.layers = 1;
+	tm.m.activation = KILN_FN_GELU;
+	tm.m.hw.hbm_gbps = 1e15;
+	tm.m.global_batch = 4;
+	tm_finish(&tm);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	double rate = 5e8; /* FLOPs per us */
+	double f, b;
+	kiln_cost_stage_time(g, 0, 1.0, &f, &b);
+	cr_expect(fabs(f - 33161216.0 / rate) < 1e-6 * f, "fwd %g", f);
+	cr_expect(fabs(b - 68419584.0 / rate) < 1e-6 * b, "bwd %g", b);
+	kiln_cost_iteration it;
+	kiln_cost_iteration_estimate(g, 1.0, &it);
+	/* p = 1, m = 4: iteration = 4 * (fwd + bwd). */
+	double iter_s = 4 * (33161216.0 + 68419584.0) / rate * 1e-6;
+	cr_expect(fabs(it.iteration_s - iter_s) < 1e-6 * iter_s);
+	cr_expect_float_eq(it.bubble_fraction, 0.0, 1e-12);
+	cr_expect_float_eq(it.model_flops, 3.0 * 4 * 33161216.0, 1.0);
+	cr_expect(fabs(it.mfu - 3.0 * 4 * 33161216.0 / (iter_s * 1e15)) < 1e-6);
+	cr_expect(fabs(it.tokens_per_s - 4 * 128 / iter_s) < 1e-6 * it.tokens_per_s);
+	cr_expect_eq(it.slowest_stage, 0);
+	kiln_arena_free(a);
+}
+
+/* 1F1B with p = 4, m = 8: iteration = (m + p - 1) * slowest stage, bubble
+ * (p-1)/(m+p-1) = 3/11; interleaved v = 2: (m + (p-1)/v), bubble 1.5/9.5. */
+Test(costmodel_time, pipeline_bubble)
+{
+	for (int64_t v = 1; v <= 2; v++) {
+		tmodel tm;
+		pp_model(&tm, 4, v, 8);
+		kiln_arena *a;
+		kiln_ir_graph *g = lower_ok(&tm.m, &a);
+		double worst = 0;
+		for (int32_t s = 0; s < 4; s++) {
+			double f, b;
+			kiln_cost_stage_time(g, s, 1.0, &f, &b);
+			worst = f + b > worst ? f + b : worst;
+		}
+		kiln_cost_iteration it;
+		kiln_cost_iteration_estimate(g, 1.0, &it);
+		double bubble = 3.0 / (double)v;
+		cr_expect(fabs(it.iteration_s - (8 + bubble) * worst * 1e-6) <
+		          1e-9 * it.iteration_s);
+		cr_expect_float_eq(it.bubble_fraction, bubble / (8 + bubble), 1e-12);
+		cr_expect_eq(it.slowest_stage, 3); /* the head's lm_head dominates */
+		kiln_arena_free(a);
+	}
+}
+
+/* Time grows with the load in MoE layers only through per-row costs. */
+Test(costmodel_time, moe_time_grows_with_load)
+{
+	tmodel tm;
+	static_model(&tm);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	double f1, b1, f2, b2;
+	kiln_cost_stage_time(g, 1, 1.0, &f1, &b1);
+	kiln_cost_stage_time(g, 1, 2.0, &f2, &b2);
+	cr_expect_gt(f2, f1);
+	cr_expect_gt(b2, b1);
+	/* Linear in r: t(3) - t(2) = t(2) - t(1). */
+	double f3, b3;
+	kiln_cost_stage_time(g, 1, 3.0, &f3, &b3);
+	cr_expect(fabs((f3 - f2) - (f2 - f1)) < 1e-9 * f3);
+	kiln_arena_free(a);
+}
+
+/* ---------------------------------------------------------------- summary */
+
+Test(costmodel_summary, fields_consistent)
+{
+	tmodel tm;
+	static_model(&tm);
+	tm.m.max_factor = 3.0;
+	tm.m.global_batch = 16; /* m = 8 */
+	tm_finish(&tm);
+	tm.m.dense_layers = 1;
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_cost_stage_summary s;
+	kiln_cost_stage_summarize(g, 0, &s);
+	cr_expect_eq(s.stage, 0);
+	cr_expect_eq(s.layers, 2);
+	cr_expect_eq(s.moe_layers, 1);
+	cr_expect(s.embedding);
+	cr_expect(!s.head);
+	cr_expect_eq(s.st.total, 1065984); /* distributed_adam_by_hand */
+	cr_expect_float_eq(s.inflight, 2.0, 1e-12);
+	cr_expect_float_eq(s.capacity_bytes, 76.0 * 1073741824.0, 1e-3);
+	cr_expect_float_eq(s.peak_r1_bytes, 1065984.0 + 2 * s.act_r1_bytes, 1e-3);
+	cr_expect_float_eq(s.peak_spike_bytes, 1065984.0 + s.act_r1_bytes + s.act_max_bytes, 1e-3);
+	cr_expect_float_eq(s.headroom_bytes, s.capacity_bytes - s.peak_spike_bytes, 1e-3);
+	cr_expect_float_eq(s.act_max_bytes, kiln_cost_stage_activation_bytes(g, 0, 3.0), 1e-6);
+	cr_expect_gt(s.act_max_bytes, s.act_r1_bytes);
+	cr_expect_gt(s.fwd_us, 0);
+	cr_expect_gt(s.bwd_us, s.fwd_us);
+	kiln_cost_stage_summarize(g, 1, &s);
+	cr_expect(s.head);
+	cr_expect_float_eq(s.inflight, 1.0, 1e-12);
+	kiln_arena_free(a);
+}

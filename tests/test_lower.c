@@ -1,0 +1,626 @@
+/* tests/test_lower.c: passes/lower.c and passes/pipeline.c.
+ *
+ * Expected byte counts come from Korthikanti et al. (2022), Table 2, and from
+ * hand derivations written next to each check (docs/cost-model.md).
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "costmodel/costmodel.h"
+#include "passes/passes.h"
+
+typedef struct tmodel {
+	kiln_model m;
+	int64_t chunks[64];
+} tmodel;
+
+/* A small dense model on one device with every field set; callers change
+ * what they test and then call tm_finish. */
+static void tm_init(tmodel *t)
+{
+	memset(t, 0, sizeof(*t));
+	kiln_model *m = &t->m;
+	m->path = "test.yaml";
+	m->name = "test";
+	m->layers = 4;
+	m->dense_layers = 4;
+	m->hidden = 64;
+	m->ffn_hidden = 256;
+	m->heads = 4;
+	m->kv_heads = 4;
+	m->head_dim = 16;
+	m->vocab = 1000;
+	m->seq_len = 128;
+	m->attention = KILN_ATTN_FLASH;
+	m->activation = KILN_FN_SWIGLU;
+	m->moe_activation = KILN_FN_SWIGLU;
+	m->micro_batch = 1;
+	m->global_batch = 8;
+	m->dtype = KILN_DTYPE_BF16;
+	m->optimizer = KILN_OPTIM_ADAM;
+	m->devices = 1;
+	m->tp = m->pp = m->ep = m->vpp = 1;
+	m->schedule = KILN_SCHED_1F1B;
+	m->max_factor = 2.0;
+	m->hw = (kiln_hardware){.name = "test",
+	                        .source = "<test>",
+	                        .memory_gib = 80,
+	                        .reserved_gib = 4,
+	                        .peak_tflops = 1000,
+	                        .gemm_efficiency = 0.5,
+	                        .hbm_gbps = 3000,
+	                        .h2d_gbps = 25,
+	                        .d2h_gbps = 25,
+	                        .host_memory_gib = 1024,
+	                        .devices_per_node = 8,
+	                        .intra_node_gbps = 400,
+	                        .inter_node_gbps = 50};
+}
+
+/* Even split into pp * vpp chunks and the derived sizes, as the frontend does. */
+static void tm_finish(tmodel *t)
+{
+	kiln_model *m = &t->m;
+	int64_t c = m->pp * m->vpp;
+	for (int64_t i = 0; i < c; i++)
+		t->chunks[i] = m->layers / c + (i < m->layers % c ? 1 : 0);
+	m->stage_layers = t->chunks;
+	m->n_stage_layers = (size_t)c;
+	if (!m->moe)
+		m->dense_layers = m->layers;
+	m->dp = m->devices / (m->tp * m->pp);
+	m->edp = m->dp * m->tp / m->ep;
+	m->micro_batches = m->global_batch / (m->micro_batch * m->dp);
+}
+
+static kiln_ir_graph *lower_ok(const kiln_model *m, kiln_arena **arena)
+{
+	*arena = kiln_arena_new();
+	cr_assert_not_null(*arena);
+	kiln_ir_graph *g = NULL;
+	cr_assert_eq(kiln_pass_lower(m, *arena, &g), 0);
+	cr_assert_not_null(g);
+	cr_assert_eq(kiln_ir_graph_verify(g, stderr), 0);
+	return g;
+}
+
+static int32_t first_layer_of(const kiln_ir_graph *g, kiln_layer_kind kind)
+{
+	for (int32_t l = 0; l < g->n_layers; l++)
+		if (g->layers[l].kind == kind)
+			return l;
+	cr_assert_fail("no layer of kind %d", (int)kind);
+	return -1;
+}
+
+static int32_t find_tensor(const kiln_ir_graph *g, int32_t layer, const char *name)
+{
+	for (int32_t t = g->layers[layer].tensor_begin; t < g->layers[layer].tensor_end; t++)
+		if (!strcmp(g->tensors[t].name, name))
+			return t;
+	return -1;
+}
+
+static int32_t find_op(const kiln_ir_graph *g, int32_t layer, const char *name)
+{
+	for (int32_t o = g->layers[layer].op_begin; o < g->layers[layer].op_end; o++)
+		if (!strcmp(g->ops[o].name, name))
+			return o;
+	return -1;
+}
+
+/* Saved bytes of a layer at N = 0, leaving out the named tensors, or keeping
+ * only them when only is true. */
+static uint64_t saved_bytes(const kiln_ir_graph *g, int32_t layer, const char *const *names,
+                            size_t n_names, bool only)
+{
+	uint64_t sum = 0;
+	for (int32_t t = g->layers[layer].tensor_begin; t < g->layers[layer].tensor_end; t++) {
+		const kiln_ir_tensor *tn = &g->tensors[t];
+		if (!(tn->flags & KILN_T_SAVED))
+			continue;
+		bool listed = false;
+		for (size_t i = 0; i < n_names; i++)
+			listed = listed || !strcmp(names[i], tn->name);
+		if (listed == only)
+			sum += tn->bytes.base;
+	}
+	return sum;
+}
+
+/* ---------------------------------------------------------------- Korthikanti */
+
+typedef struct kcase {
+	uint64_t s, b, h, H, t;
+} kcase;
+
+static const kcase kcases[] = {
+    {2048, 1, 4096, 32, 1}, {2048, 1, 4096, 32, 2}, {2048, 1, 4096, 32, 4},
+    {2048, 1, 4096, 32, 8}, {4096, 2, 8192, 64, 8}, {1024, 4, 2048, 16, 2},
+};
+
+/* The setting of Korthikanti et al.: eager attention, GeLU, ffn = 4h,
+ * dropout, d = h/H, no GQA, 16-bit activations. */
+static void korthikanti_model(tmodel *tm, const kcase *k, bool sp)
+{
+	tm_init(tm);
+	kiln_model *m = &tm->m;
+	m->layers = 2;
+	m->seq_len = (int64_t)k->s;
+	m->micro_batch = (int64_t)k->b;
+	m->hidden = (int64_t)k->h;
+	m->ffn_hidden = 4 * (int64_t)k->h;
+	m->heads = m->kv_heads = (int64_t)k->H;
+	m->head_dim = (int64_t)(k->h / k->H);
+	m->attention = KILN_ATTN_EAGER;
+	m->activation = KILN_FN_GELU;
+	m->dropout = 0.1;
+	m->tp = (int64_t)k->t;
+	m->devices = m->tp;
+	m->sequence_parallel = sp;
+	tm_finish(tm);
+}
+
+static const char *const selective[] = {"attn.softmax", "attn.dropout_mask", "attn.probs"};
+static const char *const layer_input[] = {"ln1.in"};
+
+Test(lower_korthikanti, table2_every_setting)
+{
+	for (size_t i = 0; i < sizeof(kcases) / sizeof(kcases[0]); i++) {
+		const kcase *k = &kcases[i];
+		uint64_t s = k->s, b = k->b, h = k->h, H = k->H, t = k->t;
+		uint64_t sbh = s * b * h, as2b = 5 * H * s * s * b; /* 5*a*s^2*b, exact */
+		for (int sp = 0; sp < 2; sp++) {
+			if (sp && t == 1)
+				continue;
+			tmodel tm;
+			korthikanti_model(&tm, k, sp);
+			kiln_arena *a;
+			kiln_ir_graph *g = lower_ok(&tm.m, &a);
+			int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
+			uint64_t all = saved_bytes(g, l, NULL, 0, false);
+			uint64_t sel = saved_bytes(g, l, selective, 3, false);
+			uint64_t want_all, want_sel;
+			if (t == 1) {
+				/* s*b*h*(34 + 5*a*s/h) */
+				want_all = 34 * sbh + as2b;
+				want_sel = 34 * sbh;
+			} else if (!sp) {
+				/* s*b*h*(10 + 24/t + 5*a*s/(h*t)) */
+				want_all = 10 * sbh + 24 * sbh / t + as2b / t;
+				/* s*b*h*(10 + 24/t) */
+				want_sel = 10 * sbh + 24 * sbh / t;
+			} else {
+				/* s*b*h/t*(34 + 5*a*s/h) */
+				want_all = (34 * sbh + as2b) / t;
+				/* 34*s*b*h/t */
+				want_sel = 34 * sbh / t;
+			}
+			cr_expect_eq(all, want_all, "case %zu sp %d: keep-all %llu, want %llu", i,
+			             sp, (unsigned long long)all, (unsigned long long)want_all);
+			cr_expect_eq(sel, want_sel, "case %zu sp %d: selective %llu, want %llu", i,
+			             sp, (unsigned long long)sel, (unsigned long long)want_sel);
+			cr_expect_eq(kiln_cost_layer_activation(g, l).base, want_all);
+			cr_expect_eq(kiln_cost_layer_activation(g, l).per_n, 0);
+			if (!sp) {
+				/* Full recompute keeps only the layer input: 2*s*b*h. */
+				uint64_t full = saved_bytes(g, l, layer_input, 1, true);
+				cr_expect_eq(full, 2 * sbh, "case %zu: full recompute", i);
+			}
+			kiln_arena_free(a);
+		}
+	}
+}
+
+/* Flash attention without dropout (docs/cost-model.md): attention keeps
+ * ln1.in 2, qkv_in 2, q k v 6, out 2 (in units of s*b*h) and the fp32 LSE
+ * 4*a*s*b; the FFN keeps ln2.in 2, ffn.in 2, ffn.up 8, ffn.act 8. At t = 1:
+ * 32*s*b*h + 4*H*s*b. With TP: 8 replicated (ln1.in, qkv_in, ln2.in, ffn.in)
+ * + 24/t sharded, LSE /t; with SP everything /t. */
+Test(lower_korthikanti, flash_without_dropout)
+{
+	for (size_t i = 0; i < sizeof(kcases) / sizeof(kcases[0]); i++) {
+		const kcase *k = &kcases[i];
+		uint64_t s = k->s, b = k->b, h = k->h, H = k->H, t = k->t;
+		uint64_t sbh = s * b * h, lse = 4 * H * s * b;
+		for (int sp = 0; sp < 2; sp++) {
+			if (sp && t == 1)
+				continue;
+			tmodel tm;
+			korthikanti_model(&tm, k, sp);
+			tm.m.attention = KILN_ATTN_FLASH;
+			tm.m.dropout = 0;
+			kiln_arena *a;
+			kiln_ir_graph *g = lower_ok(&tm.m, &a);
+			int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
+			uint64_t want;
+			if (t == 1)
+				want = 32 * sbh + lse;
+			else if (!sp)
+				want = 8 * sbh + 24 * sbh / t + lse / t;
+			else
+				want = (32 * sbh + lse) / t;
+			cr_expect_eq(saved_bytes(g, l, NULL, 0, false), want, "case %zu sp %d", i,
+			             sp);
+			cr_expect_eq(find_tensor(g, l, "attn.softmax"), -1);
+			cr_expect_eq(find_tensor(g, l, "attn.resid_mask"), -1);
+			kiln_arena_free(a);
+		}
+	}
+}
+
+/* Eager attention without dropout keeps only the softmax (2*a*s^2*b): the
+ * AV product reads it directly. */
+Test(lower_korthikanti, eager_without_dropout)
+{
+	kcase k = {1024, 2, 1024, 8, 1};
+	tmodel tm;
+	korthikanti_model(&tm, &k, false);
+	tm.m.dropout = 0;
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
+	uint64_t sbh = k.s * k.b * k.h;
+	/* 34 minus the two 1-byte residual masks = 32 s*b*h; of the 5*a*s^2*b
+	 * term only the softmax 2*a*s^2*b remains. */
+	cr_expect_eq(saved_bytes(g, l, NULL, 0, false), 32 * sbh + 2 * k.H * k.s * k.s * k.b);
+	int32_t ctx = find_op(g, l, "attn.context");
+	cr_assert_geq(ctx, 0);
+	cr_expect_eq(g->ops[ctx].inputs[0], find_tensor(g, l, "attn.softmax"));
+	kiln_arena_free(a);
+}
+
+/* ---------------------------------------------------------------- MoE */
+
+static void moe_model(tmodel *tm)
+{
+	tm_init(tm);
+	kiln_model *m = &tm->m;
+	m->moe = true;
+	m->layers = 3;
+	m->dense_layers = 1;
+	m->experts = 8;
+	m->top_k = 2;
+	m->expert_ffn_hidden = 128;
+	m->shared_experts = 0;
+	tm_finish(tm);
+	m->dense_layers = 1;
+}
+
+/* Expert-side bytes per received row, by hand (h = 64, fe = 128, bf16):
+ *   expert_in 2*64 + expert_up 2*(2*128) (SwiGLU gate and up) + expert_act
+ *   2*128 + expert_out 2*64 + perm_idx 4 (int32) = 1028 bytes. */
+Test(lower_moe, expert_bytes_linear_in_n)
+{
+	tmodel tm;
+	moe_model(&tm);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	int32_t l = first_layer_of(g, KILN_LAYER_MOE);
+	kiln_lin act = kiln_cost_layer_activation(g, l);
+	cr_expect_eq(act.per_n, 1028);
+	static const uint64_t ns[] = {0, 1, 7, 256, 4096, 1000000};
+	for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
+		uint64_t expert = 0;
+		for (int32_t t = g->layers[l].tensor_begin; t < g->layers[l].tensor_end; t++) {
+			const kiln_ir_tensor *tn = &g->tensors[t];
+			if ((tn->flags & KILN_T_SAVED) && (tn->flags & KILN_T_EXPERT))
+				expert += tn->bytes.base + tn->bytes.per_n * ns[i];
+		}
+		cr_expect_eq(expert, 1028 * ns[i], "N = %llu", (unsigned long long)ns[i]);
+	}
+	/* The constant part, t = 1, flash, no dropout, no shared expert, T =
+	 * 128, h = 64, H = 4, E = 8: ln1.in, qkv_in, q, k, v, out, ln2.in,
+	 * moe.in: 8 * 2*T*h; LSE 4*H*T; router probabilities 4*T*E. */
+	uint64_t T = 128;
+	cr_expect_eq(act.base, 16 * T * 64 + 4 * 4 * T + 4 * T * 8);
+	/* N at load factor 1: T * top_k rows. */
+	cr_expect_float_eq(g->layers[l].n_balanced, (double)(T * 2), 1e-9);
+	kiln_arena_free(a);
+}
+
+/* GeLU experts: 2*64 + 2*128 + 2*128 + 2*64 + 4 = 772 bytes per row. */
+Test(lower_moe, gelu_expert_bytes)
+{
+	tmodel tm;
+	moe_model(&tm);
+	tm.m.moe_activation = KILN_FN_GELU;
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	cr_expect_eq(kiln_cost_layer_activation(g, first_layer_of(g, KILN_LAYER_MOE)).per_n, 772);
+	kiln_arena_free(a);
+}
+
+/* Shared experts, TP = 2 with SP: fs = 2*128; moe.shared_up 2*T*(2*fs)/t,
+ * moe.shared_act 2*T*fs/t; the routed side works on T/t tokens (n_balanced
+ * = T/t * top_k) with full-width experts. */
+Test(lower_moe, shared_experts_and_tp)
+{
+	tmodel tm;
+	moe_model(&tm);
+	tm.m.shared_experts = 2;
+	tm.m.tp = 2;
+	tm.m.devices = 4;
+	tm.m.ep = 2;
+	tm.m.sequence_parallel = true;
+	tm_finish(&tm);
+	tm.m.dense_layers = 1;
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	int32_t l = first_layer_of(g, KILN_LAYER_MOE);
+	uint64_t T = 128, fs = 256;
+	cr_expect_eq(g->tensors[find_tensor(g, l, "moe.shared_up")].bytes.base, 2 * T * 2 * fs / 2);
+	cr_expect_eq(g->tensors[find_tensor(g, l, "moe.shared_act")].bytes.base, 2 * T * fs / 2);
+	cr_expect_eq(g->tensors[find_tensor(g, l, "moe.probs")].bytes.base, 4 * (T / 2) * 8);
+	cr_expect_eq(g->tensors[find_tensor(g, l, "moe.in")].bytes.base, 2 * (T / 2) * 64);
+	cr_expect_float_eq(g->layers[l].n_balanced, (double)(T / 2 * 2), 1e-9);
+	int32_t d = find_op(g, l, "moe.dispatch");
+	cr_assert_geq(d, 0);
+	cr_expect_eq(g->ops[d].comm_group, 2);
+	cr_expect_eq(g->ops[d].collective, KILN_COLL_ALL_TO_ALL);
+	cr_expect_float_eq(g->ops[d].comm_bytes.per_n, 2.0 * 64, 1e-9);
+	cr_expect_float_eq(g->ops[d].comm_bytes.base, 0, 1e-9);
+	/* Local experts: 8 / ep = 4, each 3*h*fe (SwiGLU). */
+	int32_t up = find_op(g, l, "moe.expert_up"), down = find_op(g, l, "moe.expert_down");
+	cr_expect_eq(g->ops[up].params_local + g->ops[down].params_local, 4 * 3 * 64 * 128);
+	cr_expect_eq(g->ops[up].params_global + g->ops[down].params_global, 8 * 3 * 64 * 128);
+	cr_expect(g->ops[up].expert_params);
+	/* Expert GEMM FLOPs per row: 2*h*2fe + 2*fe*h. */
+	cr_expect_float_eq(g->ops[up].flops.per_n, 2.0 * 64 * 256, 1e-9);
+	cr_expect_float_eq(g->ops[down].flops.per_n, 2.0 * 128 * 64, 1e-9);
+	kiln_arena_free(a);
+}
+
+/* ---------------------------------------------------------------- MLA */
+
+/* MLA, t = 1, flash, no dropout, T = 128, h = 64, H = 4, d = 16, rope 8,
+ * v_head_dim 16, q_lora 32, kv_lora 16, SwiGLU FFN 256. Saved bytes:
+ *   ln1.in 2*T*64, attn.qkv_in 2*T*64, q_down 2*T*32, q_norm 2*T*32,
+ *   kv_down 2*T*(16+8), kv_norm 2*T*16, q 2*T*4*24, k 2*T*4*24,
+ *   v 2*T*4*16, lse 4*4*T, out 2*T*4*16,
+ *   ln2.in 2*T*64, ffn.in 2*T*64, ffn.up 2*T*512, ffn.act 2*T*256
+ * = T * (128+128+64+64+48+32+192+192+128+16+128+128+128+1024+512) = T*2912. */
+Test(lower_mla, saved_bytes_by_hand)
+{
+	tmodel tm;
+	tm_init(&tm);
+	tm.m.mla = true;
+	tm.m.q_lora_rank = 32;
+	tm.m.kv_lora_rank = 16;
+	tm.m.rope_head_dim = 8;
+	tm.m.v_head_dim = 16;
+	tm_finish(&tm);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
+	cr_expect_eq(kiln_cost_layer_activation(g, l).base, 128u * 2912u);
+	/* Parameters: q_down 64*32, q_norm 32, q_up 32*4*24, kv_down 64*24,
+	 * kv_norm 16, kv_up 16*4*(16+16), out_proj 4*16*64. */
+	uint64_t p = 0;
+	for (int32_t o = g->layers[l].op_begin; o < g->layers[l].op_end; o++)
+		if (!strncmp(g->ops[o].name, "attn.", 5))
+			p += g->ops[o].params_global;
+	cr_expect_eq(p, 64u * 32 + 32 + 32 * 4 * 24 + 64 * 24 + 16 + 16 * 4 * 32 + 4 * 16 * 64);
+	kiln_arena_free(a);
+}
+
+/* Without q_lora the queries come straight from the norm output. */
+Test(lower_mla, without_q_lora)
+{
+	tmodel tm;
+	tm_init(&tm);
+	tm.m.mla = true;
+	tm.m.q_lora_rank = 0;
+	tm.m.kv_lora_rank = 16;
+	tm.m.rope_head_dim = 8;
+	tm.m.v_head_dim = 16;
+	tm_finish(&tm);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
+	cr_expect_eq(find_tensor(g, l, "attn.q_down"), -1);
+	int32_t q = find_op(g, l, "attn.q_up");
+	cr_assert_geq(q, 0);
+	cr_expect_eq(g->ops[q].params_global, 64u * 4 * 24);
+	kiln_arena_free(a);
+}
+
+/* ---------------------------------------------------------------- structure */
+
+static bool has_op(const kiln_ir_graph *g, int32_t l, const char *name)
+{
+	return find_op(g, l, name) >= 0;
+}
+
+Test(lower_structure, one_f_one_b_stages)
+{
+	tmodel tm;
+	tm_init(&tm);
+	tm.m.layers = 8;
+	tm.m.pp = 4;
+	tm.m.devices = 4;
+	tm_finish(&tm);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	cr_assert_eq(g->n_stages, 4);
+	cr_expect_eq(g->n_layers, 10);
+	/* Stage 0: embed, 0, 1; stage 3: 6, 7, head. */
+	cr_expect_eq(g->layers[g->stages[0].layer_begin].kind, KILN_LAYER_EMBED);
+	cr_expect_eq(g->layers[g->stages[3].layer_end - 1].kind, KILN_LAYER_HEAD);
+	for (int32_t s = 0; s < 4; s++) {
+		const kiln_ir_stage *st = &g->stages[s];
+		int32_t first = st->layer_begin + (s == 0), last = st->layer_end - 1 - (s == 3);
+		cr_expect_eq(g->layers[first].index, 2 * s);
+		cr_expect_eq(g->layers[last].index, 2 * s + 1);
+		cr_expect_eq(has_op(g, last, "pp.send"), s < 3, "stage %d send", s);
+		cr_expect_eq(has_op(g, first, "pp.recv"), s > 0, "stage %d recv", s);
+		for (int32_t l = st->layer_begin; l < st->layer_end; l++) {
+			if (l != last)
+				cr_expect(!has_op(g, l, "pp.send"));
+			if (l != first)
+				cr_expect(!has_op(g, l, "pp.recv"));
+		}
+	}
+	/* The gradient send is the backward of stage 1's receive: e*T*h bytes. */
+	int32_t bwd = find_op(g, g->stages[1].layer_begin, "pp.recv.bwd");
+	cr_assert_geq(bwd, 0);
+	cr_expect_eq(g->ops[bwd].collective, KILN_COLL_SEND);
+	cr_expect_float_eq(g->ops[bwd].comm_bytes.base, 2.0 * 128 * 64, 1e-9);
+	int32_t fwd = find_op(g, g->stages[1].layer_begin, "pp.recv");
+	cr_expect_float_eq(g->ops[fwd].comm_bytes.base, 0, 1e-9);
+	int32_t send = find_op(g, g->stages[0].layer_end - 1, "pp.send");
+	cr_expect_eq(g->ops[send].kind, KILN_OP_PP_SEND);
+	cr_expect_float_eq(g->ops[send].comm_bytes.base, 2.0 * 128 * 64, 1e-9);
+	kiln_arena_free(a);
+}
+
+/* Interleaved, p = 4, v = 2, 16 layers in 8 chunks of 2: chunk c on stage c
+ * % 4 as local chunk c / 4. Stage 0 runs embed, 0, 1 (chunk 0), 8, 9 (chunk
+ * 4); stage 3 runs 6, 7, 14, 15 and the head. */
+Test(lower_structure, interleaved_chunks)
+{
+	tmodel tm;
+	tm_init(&tm);
+	tm.m.layers = 16;
+	tm.m.pp = 4;
+	tm.m.vpp = 2;
+	tm.m.schedule = KILN_SCHED_INTERLEAVED;
+	tm.m.devices = 4;
+	tm_finish(&tm);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	static const int32_t want0[] = {-1, 0, 1, 8, 9};
+	static const int32_t want3[] = {6, 7, 14, 15, -1};
+	cr_assert_eq(g->stages[0].layer_end - g->stages[0].layer_begin, 5);
+	cr_assert_eq(g->stages[3].layer_end - g->stages[3].layer_begin, 5);
+	for (int i = 0; i < 5; i++) {
+		cr_expect_eq(g->layers[g->stages[0].layer_begin + i].index, want0[i]);
+		cr_expect_eq(g->layers[g->stages[3].layer_begin + i].index, want3[i]);
+	}
+	int32_t l9 = g->stages[0].layer_begin + 4, l8 = l9 - 1;
+	cr_expect_eq(g->layers[l9].chunk, 1);
+	cr_expect(has_op(g, l9, "pp.send"));
+	cr_expect(has_op(g, l8, "pp.recv"));
+	int32_t head = g->stages[3].layer_end - 1;
+	cr_expect_eq(g->layers[head].chunk, 1);
+	cr_expect(!has_op(g, head - 1, "pp.send"));
+	kiln_arena_free(a);
+}
+
+/* Every layer: backward ops mirror forward ops in reverse, same kind. */
+Test(lower_structure, backward_mirrors_forward)
+{
+	tmodel tm;
+	moe_model(&tm);
+	tm.m.dropout = 0.1;
+	tm.m.attention = KILN_ATTN_EAGER;
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	for (int32_t l = 0; l < g->n_layers; l++) {
+		const kiln_ir_layer *ly = &g->layers[l];
+		int32_t n = ly->op_end - ly->op_begin;
+		cr_assert_eq(n % 2, 0);
+		for (int32_t j = 0; j < n / 2; j++) {
+			const kiln_ir_op *f = &g->ops[ly->op_begin + j];
+			const kiln_ir_op *b = &g->ops[ly->op_end - 1 - j];
+			cr_expect(!f->backward);
+			cr_expect(b->backward);
+			cr_expect_eq(b->forward, ly->op_begin + j);
+			cr_expect_eq(b->kind, f->kind);
+		}
+	}
+	kiln_arena_free(a);
+}
+
+/* TP collectives per layer: with SP an all-gather before qkv and ffn_up and
+ * a reduce-scatter after out_proj and ffn_down; without SP one all-reduce
+ * after each. All move e*T*h bytes over t ranks. */
+Test(lower_structure, tp_collectives)
+{
+	for (int sp = 0; sp < 2; sp++) {
+		tmodel tm;
+		tm_init(&tm);
+		tm.m.tp = 4;
+		tm.m.devices = 4;
+		tm.m.sequence_parallel = sp;
+		tm_finish(&tm);
+		kiln_arena *a;
+		kiln_ir_graph *g = lower_ok(&tm.m, &a);
+		int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
+		int n = 0;
+		for (int32_t o = g->layers[l].op_begin; o < g->layers[l].op_end; o++) {
+			const kiln_ir_op *op = &g->ops[o];
+			if (op->kind != KILN_OP_TP_COMM || op->backward)
+				continue;
+			n++;
+			cr_expect_eq(op->comm_group, 4);
+			cr_expect_float_eq(op->comm_bytes.base, 2.0 * 128 * 64, 1e-9);
+			bool in = strstr(op->name, "tp_in") != NULL;
+			kiln_collective want = !sp  ? KILN_COLL_ALL_REDUCE
+			                       : in ? KILN_COLL_ALL_GATHER
+			                            : KILN_COLL_REDUCE_SCATTER;
+			cr_expect_eq(op->collective, want, "%s", op->name);
+		}
+		cr_expect_eq(n, sp ? 4 : 2);
+		kiln_arena_free(a);
+	}
+}
+
+/* GEMM and attention FLOPs of one layer, t = 2, flash, T = 128, h = 64,
+ * H = 4 (a = 2), d = 16: qkv_proj 2*T*h*(3*a*d) = 2*128*64*96 = 1572864;
+ * attention core
+ * 2*b*s^2*a*(d+d) = 2*128^2*2*32 = 2097152, backward 2.5x; out_proj
+ * 2*T*(a*d)*h = 2*128*32*64 = 524288;
+ * ffn_up 2*T*h*(2*256/2) = 4194304, backward 2x. */
+Test(lower_structure, flops_by_hand)
+{
+	tmodel tm;
+	tm_init(&tm);
+	tm.m.tp = 2;
+	tm.m.devices = 2;
+	tm_finish(&tm);
+	kiln_arena *a;
+	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
+	cr_expect_float_eq(g->ops[find_op(g, l, "attn.qkv_proj")].flops.base, 1572864.0, 1e-6);
+	cr_expect_float_eq(g->ops[find_op(g, l, "attn.core")].flops.base, 2097152.0, 1e-6);
+	cr_expect_float_eq(g->ops[find_op(g, l, "attn.core.bwd")].flops.base, 2.5 * 2097152.0,
+	                   1e-6);
+	cr_expect_float_eq(g->ops[find_op(g, l, "attn.out_proj")].flops.base, 524288.0, 1e-6);
+	cr_expect_float_eq(g->ops[find_op(g, l, "ffn.up")].flops.base, 4194304.0, 1e-6);
+	cr_expect_float_eq(g->ops[find_op(g, l, "ffn.up.bwd")].flops.base, 2 * 4194304.0, 1e-6);
+	kiln_arena_free(a);
+}
+
+/* ---------------------------------------------------------------- pipeline */
+
+Test(lower_pipeline, passes_and_dump)
+{
+	cr_expect_eq(kiln_pipeline_pass_count(), 1);
+	cr_expect_str_eq(kiln_pipeline_pass_name(0), "lower");
+	cr_expect_null(kiln_pipeline_pass_name(1));
+
+	tmodel tm;
+	moe_model(&tm);
+	kiln_arena *a = kiln_arena_new();
+	char *buf = NULL, *buf2 = NULL;
+	size_t len = 0, len2 = 0;
+	FILE *dump = open_memstream(&buf, &len);
+	kiln_ir_graph *g = NULL;
+	cr_assert_eq(kiln_pipeline_run(&tm.m, a, "lower", dump, stderr, &g), 0);
+	fclose(dump);
+	cr_assert_not_null(g);
+	FILE *direct = open_memstream(&buf2, &len2);
+	kiln_ir_graph_print(g, direct);
+	fclose(direct);
+	cr_expect_gt(len, 0);
+	cr_expect_str_eq(buf, buf2);
+	free(buf);
+	free(buf2);
+
+	kiln_ir_graph *g2 = (kiln_ir_graph *)1;
+	cr_expect_eq(kiln_pipeline_run(&tm.m, a, "no-such-pass", stdout, stderr, &g2), -2);
+	cr_expect_null(g2);
+	kiln_arena_free(a);
+}
