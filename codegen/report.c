@@ -126,7 +126,11 @@ void kiln_report_text(const kiln_ir_graph *g, FILE *out)
 	        m->name, (long long)m->devices, m->hw.name, (long long)m->tp, (long long)m->pp,
 	        (long long)m->dp, (long long)m->ep, schedule_name(m->schedule),
 	        (long long)m->micro_batches);
-	fprintf(out, "memory per device, GiB (activations per micro-batch; peak keeps everything)\n");
+	/* Small models read better in MiB. */
+	double unit = (m->hw.memory_gib - m->hw.reserved_gib) >= 1.0 ? GIB : GIB / 1024.0;
+	const char *unit_name = unit == GIB ? "GiB" : "MiB";
+	fprintf(out, "memory per device, %s (activations per micro-batch; peak keeps everything)\n",
+	        unit_name);
 	fprintf(out, "%5s %6s | %7s %7s %7s %7s | %7s %7s | %8s | %7s %7s %8s %8s | %7s %7s\n",
 	        "stage", "layers", "weights", "grads", "optim", "static", "act@1", "act@max",
 	        "inflight", "peak@1", "spike", "capacity", "headroom", "fwd ms", "bwd ms");
@@ -140,10 +144,10 @@ void kiln_report_text(const kiln_ir_graph *g, FILE *out)
 		fprintf(out,
 		        "%5d %6s | %7.2f %7.2f %7.2f %7.2f | %7.2f %7.2f | %8.3g | %7.2f %7.2f %8.2f "
 		        "%8.2f | %7.2f %7.2f\n",
-		        s, layers, r.st.weights / GIB, r.st.grads / GIB, r.st.optimizer / GIB,
-		        r.st.total / GIB, r.act_r1_bytes / GIB, r.act_max_bytes / GIB, r.inflight,
-		        r.peak_r1_bytes / GIB, r.peak_spike_bytes / GIB, r.capacity_bytes / GIB,
-		        r.headroom_bytes / GIB, r.fwd_us / 1e3, r.bwd_us / 1e3);
+		        s, layers, r.st.weights / unit, r.st.grads / unit, r.st.optimizer / unit,
+		        r.st.total / unit, r.act_r1_bytes / unit, r.act_max_bytes / unit, r.inflight,
+		        r.peak_r1_bytes / unit, r.peak_spike_bytes / unit, r.capacity_bytes / unit,
+		        r.headroom_bytes / unit, r.fwd_us / 1e3, r.bwd_us / 1e3);
 		over += r.headroom_bytes < 0;
 	}
 	fprintf(out, "\nact@max: every MoE layer at load factor %.3g; spike: one in-flight micro-batch at "

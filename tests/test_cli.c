@@ -146,8 +146,8 @@ Test(cli, report_json_is_consistent_for_every_shipped_model)
 	}
 }
 
-/* tiny.yaml's inline hardware: memory 0.03125 GiB, reserved 0.0078125 GiB,
- * so capacity = (1/32 - 1/128) * 2^30 = 25,165,824 bytes on every stage. */
+/* tiny.yaml's inline hardware: memory 7.5 MiB, reserved 1 MiB, so
+ * capacity = 6.5 * 2^20 = 6,815,744 bytes on every stage. */
 Test(cli, report_capacity_follows_the_hardware_profile)
 {
 	kt_run r = RUN("report", kt_src("examples/models/tiny.yaml"), "--json");
@@ -157,8 +157,8 @@ Test(cli, report_capacity_follows_the_hardware_profile)
 	const kiln_json *stages = kiln_json_get(doc, "stages");
 	cr_assert_eq(kiln_json_size(stages), 2);
 	for (int s = 0; s < 2; s++)
-		cr_assert_eq(num(kiln_json_at(stages, s), "capacity_bytes", NULL), 25165824.0);
-	/* 1F1B with p = 2, m = 16 / (2 * 1) = 8: stage 0 holds 2, stage 1 holds 1. */
+		cr_assert_eq(num(kiln_json_at(stages, s), "capacity_bytes", NULL), 6815744.0);
+	/* 1F1B with p = 2, m = 16 / (2 * 2) = 4: stage 0 holds 2, stage 1 holds 1. */
 	cr_assert_eq(num(kiln_json_at(stages, 0), "inflight", NULL), 2.0);
 	cr_assert_eq(num(kiln_json_at(stages, 1), "inflight", NULL), 1.0);
 	kiln_json_free(doc);
