@@ -179,6 +179,7 @@ kiln_json *kiln_report_json(const kiln_ir_graph *g)
 	kiln_json_add_string(root, "model", m->name);
 	kiln_json_add_string(root, "path", m->path);
 	kiln_json_add_string(root, "hardware", m->hw.name);
+	kiln_json_add_number(root, "layers", (double)m->layers);
 
 	kiln_json *par = kiln_json_add_object(root, "parallel");
 	kiln_json_add_number(par, "devices", (double)m->devices);

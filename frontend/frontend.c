@@ -1,15 +1,34 @@
 /* frontend/frontend.c: the entry points: bytes in, a validated model out. */
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "frontend/internal.h"
 
 bool kiln_fe_read_file(kiln_fe_ctx *c, const char *path, int line, int col, char **out_text,
                        size_t *out_len)
 {
-	FILE *f = fopen(path, "rb");
+	/* O_NONBLOCK: opening a FIFO must not wait for a writer; anything but a
+	 * regular file (a FIFO, a device, a directory) is refused. */
+	int fd = open(path, O_RDONLY | O_NONBLOCK);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) != 0) {
+		kiln_fe_error(c, line, col, "cannot read '%s': %s", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return false;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		kiln_fe_error(c, line, col, "cannot read '%s': not a regular file", path);
+		close(fd);
+		return false;
+	}
+	FILE *f = fdopen(fd, "rb");
 	if (!f) {
 		kiln_fe_error(c, line, col, "cannot read '%s': %s", path, strerror(errno));
+		close(fd);
 		return false;
 	}
 	/* One byte past the limit tells an oversized file apart without reading

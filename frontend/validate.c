@@ -13,6 +13,9 @@
  * compiler forms from them). */
 #define SIZE_LIMIT ((uint64_t)1 << 62)
 
+/* The largest load.max_factor accepted. */
+#define KILN_MAX_LOAD_FACTOR 16.0
+
 typedef struct vctx {
 	kiln_fe_ctx *c;
 	const kiln_fe_node *root;
@@ -592,6 +595,86 @@ static void check_sizes(vctx *v)
 	}
 }
 
+/* Saturating arithmetic on non-negative sizes. */
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+/* The attention (MLA included), router and shared-expert sizes the
+ * lowering multiplies, which the checks above do not bound: one activation
+ * row of each kind, and their parameters over all layers. */
+static void check_more_sizes(vctx *v)
+{
+	bool is_moe = FLD(MOE)->state == KILN_FE_SET;
+	if (FLD(MOE)->state == KILN_FE_BAD || !OK(SEQ_LEN) || !OK(MICRO_BATCH) || !OK(HEADS) ||
+	    !OK(KV_HEADS) || !OK(HEAD_DIM) || !OK(HIDDEN) || !OK(LAYERS) || !OK(Q_LORA_RANK) ||
+	    !OK(KV_LORA_RANK) || !OK(ROPE_HEAD_DIM) || !OK(V_HEAD_DIM) ||
+	    (is_moe && (!OK(EXPERTS) || !OK(SHARED_EXPERTS) || !OK(EXPERT_FFN_HIDDEN))))
+		return;
+	uint64_t h = (uint64_t)VAL(HIDDEN), H = (uint64_t)VAL(HEADS), kv = (uint64_t)VAL(KV_HEADS);
+	uint64_t d = (uint64_t)VAL(HEAD_DIM), rope = (uint64_t)VAL(ROPE_HEAD_DIM);
+	uint64_t dv = (uint64_t)VAL(V_HEAD_DIM), ql = (uint64_t)VAL(Q_LORA_RANK);
+	uint64_t kl = (uint64_t)VAL(KV_LORA_RANK);
+	uint64_t E = is_moe ? (uint64_t)VAL(EXPERTS) : 0;
+	uint64_t fs = is_moe ? sat_mul((uint64_t)VAL(SHARED_EXPERTS), (uint64_t)VAL(EXPERT_FFN_HIDDEN))
+	                     : 0;
+	uint64_t qk = sat_mul(H, sat_add(d, rope)); /* q and k row width */
+	uint64_t head_width = sat_add(sat_add(qk, sat_mul(H, dv)), sat_mul(kv, d));
+
+	/* The widest of these rows, in bytes (fp32 at most), per token. */
+	struct {
+		const char *name;
+		uint64_t width;
+		kiln_fe_field_id at;
+	} rows[] = {
+	    {"heads * (head_dim + rope_head_dim)", qk, KILN_FE_F_HEADS},
+	    {"heads * v_head_dim", sat_mul(H, dv), KILN_FE_F_V_HEAD_DIM},
+	    {"kv_heads * head_dim", sat_mul(kv, d), KILN_FE_F_KV_HEADS},
+	    {"q_lora_rank", ql, KILN_FE_F_Q_LORA_RANK},
+	    {"kv_lora_rank + rope_head_dim", sat_add(kl, rope), KILN_FE_F_KV_LORA_RANK},
+	    {"experts", E, KILN_FE_F_EXPERTS},
+	    {"2 * shared_experts * expert_ffn_hidden", sat_mul(2, fs), KILN_FE_F_SHARED_EXPERTS},
+	};
+	size_t w = 0;
+	for (size_t i = 1; i < sizeof rows / sizeof rows[0]; i++)
+		if (rows[i].width > rows[w].width)
+			w = i;
+	uint64_t row_bytes = sat_mul(sat_mul((uint64_t)VAL(SEQ_LEN), (uint64_t)VAL(MICRO_BATCH)),
+	                             sat_mul(rows[w].width, 4));
+	if (row_bytes >= SIZE_LIMIT) {
+		const kiln_fe_node *at = where(v, rows[w].at);
+		kiln_fe_error(v->c, at->line, at->col,
+		              "activation seq_len * micro_batch * %s * 4 = %lld * %lld * %llu * 4 "
+		              "bytes reaches 2^62 (too large)",
+		              rows[w].name, (long long)VAL(SEQ_LEN), (long long)VAL(MICRO_BATCH),
+		              (unsigned long long)rows[w].width);
+		return;
+	}
+
+	/* Attention and shared-expert parameters, 18 bytes each, all layers. */
+	uint64_t attn = sat_add(sat_mul(h, head_width), sat_mul(sat_mul(H, dv), h));
+	attn = sat_add(attn, sat_mul(sat_add(sat_add(ql, kl), rope), sat_add(h, head_width)));
+	uint64_t shared = sat_mul(sat_mul(3, h), fs);
+	uint64_t bytes = sat_mul(sat_mul(sat_add(attn, shared), (uint64_t)VAL(LAYERS)), 18);
+	if (bytes >= SIZE_LIMIT) {
+		kiln_fe_field_id at_id = shared > attn ? KILN_FE_F_SHARED_EXPERTS : KILN_FE_F_HEADS;
+		const kiln_fe_node *at = where(v, at_id);
+		kiln_fe_error(v->c, at->line, at->col,
+		              "attention and shared-expert parameter bytes reach 2^62 (too large): "
+		              "layers %lld x (%llu attention + %llu shared-expert parameters) x 18",
+		              (long long)VAL(LAYERS), (unsigned long long)attn,
+		              (unsigned long long)shared);
+	}
+}
+
 /* ---- the model */
 
 /* The file name of path without directory and extension, arena-owned. */
@@ -655,10 +738,41 @@ kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const 
 		snprintf(msg, sizeof(msg), "max_factor (%g) must be at least 1", mf->f);
 		rule_error(v, mf->value, KILN_FE_F_MAX_FACTOR, msg);
 	}
+	else if (mf->state == KILN_FE_SET && mf->f > KILN_MAX_LOAD_FACTOR) {
+		char msg[160];
+		snprintf(msg, sizeof(msg), "max_factor (%g) must be at most %g (plan tables stop there)",
+		         mf->f, KILN_MAX_LOAD_FACTOR);
+		rule_error(v, mf->value, KILN_FE_F_MAX_FACTOR, msg);
+	}
 	derived d;
 	memset(&d, 0, sizeof(d));
 	check_parallel(v, &d);
+	/* Routing cannot load a rank beyond the point where every token of the
+	 * ep ranks sends it min(top_k, experts / ep) rows: r_max = ep *
+	 * min(top_k, experts / ep) / top_k. Planning beyond that plans for loads
+	 * that cannot happen. */
+	if (FLD(MOE)->state == KILN_FE_SET && OK(EXPERTS) && OK(TOP_K) && OK(EP) &&
+	    VAL(EXPERTS) % VAL(EP) == 0 && mf->state != KILN_FE_BAD) {
+		int64_t local = VAL(EXPERTS) / VAL(EP);
+		int64_t per_token = VAL(TOP_K) < local ? VAL(TOP_K) : local;
+		double r_max = (double)VAL(EP) * (double)per_token / (double)VAL(TOP_K);
+		if (mf->state == KILN_FE_ABSENT) {
+			mf->f = r_max < 3.0 ? r_max : 3.0;
+		} else if (mf->f > r_max + 1e-9) {
+			char msg[320];
+			snprintf(msg, sizeof(msg),
+			         "max_factor (%g) exceeds the largest load routing can produce with "
+			         "this layout: ep * min(top_k, experts / ep) / top_k = %lld * %lld / "
+			         "%lld = %g",
+			         mf->f, (long long)VAL(EP), (long long)per_token, (long long)VAL(TOP_K),
+			         r_max);
+			rule_error(v, mf->value, KILN_FE_F_MAX_FACTOR, msg);
+		}
+	}
+	size_t errors_before = c->n_errors;
 	check_sizes(v);
+	if (c->n_errors == errors_before) /* one size error is enough */
+		check_more_sizes(v);
 	if (c->n_errors || c->nomem)
 		return NULL;
 

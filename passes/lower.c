@@ -610,10 +610,11 @@ static int32_t moe_block(lowerer *L, int32_t x2)
 	                  NEED(eout, idx, probs),
 	                  .traffic = lf((double)(e * nb * h + e * Tr * h + 4 * nb))});
 	if (t > 1 && !L->sp) {
-		/* Each TP rank routed a 1/t share of the replicated tokens. */
+		/* Each TP rank routed a 1/t share of the replicated tokens. The
+		 * gradient of a replicated output needs only a local split in
+		 * backward: no collective there. */
 		int32_t full = tensor(L, "moe.routed_full", e * L->T * h, 0, 0);
-		tp_comm(L, "moe.tp_gather", routed, full, KILN_COLL_ALL_GATHER,
-		        KILN_COLL_ALL_GATHER);
+		tp_comm(L, "moe.tp_gather", routed, full, KILN_COLL_ALL_GATHER, KILN_COLL_NONE);
 		routed = full;
 	}
 	int32_t shared = -1;

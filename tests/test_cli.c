@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "codegen/codegen.h"
@@ -136,9 +137,9 @@ Test(cli, report_json_is_consistent_for_every_shipped_model)
 			          "%s stage %d", SHIPPED[i], s);
 		}
 		/* Every model layer lands on exactly one stage. */
+		cr_assert_eq(layers, num(doc, "layers", NULL), "%s", SHIPPED[i]);
 		const kiln_json *params = kiln_json_get(doc, "params");
 		cr_assert(num(params, "total", NULL) > 0);
-		cr_assert(layers > 0);
 		double mfu = num(doc, "iteration", "mfu");
 		cr_assert(mfu > 0 && mfu < 1, "%s: mfu %g", SHIPPED[i], mfu);
 		kiln_json_free(doc);
@@ -146,8 +147,8 @@ Test(cli, report_json_is_consistent_for_every_shipped_model)
 	}
 }
 
-/* tiny.yaml's inline hardware: memory 7.5 MiB, reserved 1 MiB, so
- * capacity = 6.5 * 2^20 = 6,815,744 bytes on every stage. */
+/* tiny.yaml's inline hardware: memory 6.5 MiB, reserved 1 MiB, so
+ * capacity = 5.5 * 2^20 = 5,767,168 bytes on every stage. */
 Test(cli, report_capacity_follows_the_hardware_profile)
 {
 	kt_run r = RUN("report", kt_src("examples/models/tiny.yaml"), "--json");
@@ -157,8 +158,8 @@ Test(cli, report_capacity_follows_the_hardware_profile)
 	const kiln_json *stages = kiln_json_get(doc, "stages");
 	cr_assert_eq(kiln_json_size(stages), 2);
 	for (int s = 0; s < 2; s++)
-		cr_assert_eq(num(kiln_json_at(stages, s), "capacity_bytes", NULL), 6815744.0);
-	/* 1F1B with p = 2, m = 16 / (2 * 2) = 4: stage 0 holds 2, stage 1 holds 1. */
+		cr_assert_eq(num(kiln_json_at(stages, s), "capacity_bytes", NULL), 5767168.0);
+	/* 1F1B with p = 2, m = 32 / (2 * 4) = 4: stage 0 holds 2, stage 1 holds 1. */
 	cr_assert_eq(num(kiln_json_at(stages, 0), "inflight", NULL), 2.0);
 	cr_assert_eq(num(kiln_json_at(stages, 1), "inflight", NULL), 1.0);
 	kiln_json_free(doc);
@@ -313,4 +314,24 @@ Test(cli_hostile, alias_bomb)
 	                           "h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g, *g]\n"
 	                           "i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h, *h]\n";
 	expect_rejected("billion laughs", text, sizeof text - 1);
+}
+
+/* A FIFO would block a reader forever; a directory is no file. */
+Test(cli_hostile, not_a_regular_file)
+{
+	char fifo[] = "/tmp/kiln-test-fifo-XXXXXX";
+	int fd = mkstemp(fifo);
+	cr_assert(fd >= 0);
+	close(fd);
+	unlink(fifo);
+	cr_assert_eq(mkfifo(fifo, 0600), 0);
+	kt_run r = RUN("check", fifo);
+	cr_assert_eq(r.status, 1);
+	cr_assert_not_null(strstr(r.err, "not a regular file"), "%s", r.err);
+	kt_run_free(&r);
+	unlink(fifo);
+	r = RUN("check", "/tmp");
+	cr_assert_eq(r.status, 1);
+	cr_assert_not_null(strstr(r.err, "not a regular file"), "%s", r.err);
+	kt_run_free(&r);
 }

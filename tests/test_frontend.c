@@ -819,8 +819,9 @@ Test(frontend_rules, sizes_overflowing_64_bits)
 	    "m.yaml:7:10: error: fp32 logits seq_len * micro_batch * vocab * 4 = 16 * 1 * "
 	    "288230376151711744 * 4 bytes reaches 2^62");
 	expect_in_diag("m.yaml:7:10: error: parameter bytes layers");
-	/* 16 * 1 * 2 * (2 * 2^55) * 4 * 3 > 2^62: expert activations at
-	 * expert_ffn_hidden. */
+	/* 16 * 1 * 2 * (2 * 2^55) * 4 * 1 = 2^62: expert activations at
+	 * expert_ffn_hidden (max_factor defaults to 1 here: with ep 1 routing
+	 * cannot load a rank beyond balance). */
 	expect_invalid(
 	    MOE_HEAD "  moe: {experts: 4, top_k: 2, expert_ffn_hidden: 36028797018963968}\n"
 	             "training: {global_batch: 1}\n"
@@ -828,7 +829,7 @@ Test(frontend_rules, sizes_overflowing_64_bits)
 	             "hardware: bw1000\n",
 	    "m.yaml:8:50: error: expert activations seq_len * micro_batch * top_k * "
 	    "max(hidden, 2 * expert_ffn_hidden, 2 * ffn_hidden) * 4 * ceil(max_factor) = "
-	    "16 * 1 * 2 * 72057594037927936 * 4 * 3 bytes reaches 2^62");
+	    "16 * 1 * 2 * 72057594037927936 * 4 * 1 bytes reaches 2^62");
 	/* 4 * (2^30)^2 * ... = 2^62 and more: parameters, at hidden. */
 	expect_invalid("kiln: 1\n"
 	               "model:\n"
@@ -843,6 +844,41 @@ Test(frontend_rules, sizes_overflowing_64_bits)
 	               "hardware: bw1000\n",
 	               "m.yaml:4:11: error: parameter bytes layers * (4 * hidden^2");
 	cr_expect_eq(count(diag_text, "error:"), 1, "%s", diag_text);
+}
+
+Test(frontend_rules, attention_and_shared_expert_sizes_overflowing_64_bits)
+{
+	/* heads * (head_dim + rope) = 8 * 2^55 = 2^58; 16 * 1 * 2^58 * 4 = 2^64. */
+	expect_invalid("kiln: 1\n"
+	               "model:\n"
+	               "  layers: 4\n"
+	               "  hidden: 64\n"
+	               "  ffn_hidden: 64\n"
+	               "  heads: 8\n"
+	               "  head_dim: 36028797018963968\n"
+	               "  vocab: 100\n"
+	               "  seq_len: 16\n"
+	               "training: {global_batch: 1}\n"
+	               "parallel: {devices: 1}\n"
+	               "hardware: bw1000\n",
+	               "m.yaml:6:10: error: activation seq_len * micro_batch * heads * (head_dim + "
+	               "rope_head_dim) * 4 = 16 * 1 * 288230376151711744 * 4 bytes reaches 2^62");
+	/* 2^52 shared experts: their parameters, 4 * 3 * 64 * 32 * 2^52 * 18
+	 * bytes, reach 2^62 before their activation row does. */
+	expect_invalid(MOE_HEAD "  moe: {experts: 4, shared_experts: 4503599627370496, top_k: 2, "
+	                        "expert_ffn_hidden: 32}\n"
+	                        "training: {global_batch: 1}\n"
+	                        "parallel: {devices: 1}\n"
+	                        "hardware: bw1000\n",
+	               "error: parameter bytes layers");
+	expect_in_diag("experts 4 + 4503599627370496");
+	/* MLA ranks: layers * (kv_lora_rank * (hidden + heads * widths)) * 18
+	 * with kv_lora_rank = 2^50 reaches 2^62 long before any row does. */
+	expect_invalid(MOE_HEAD "  mla: {kv_lora_rank: 1125899906842624, rope_head_dim: 8}\n"
+	                        "training: {global_batch: 1}\n"
+	                        "parallel: {devices: 1}\n"
+	                        "hardware: bw1000\n",
+	               "error: attention and shared-expert parameter bytes reach 2^62");
 }
 
 Test(frontend_rules, all_errors_reported_in_position_order)
@@ -1331,7 +1367,7 @@ Test(frontend_rules, remaining_model_rules)
 	               "parallel: {devices: 1}\n"
 	               "hardware: [bw1000]\n",
 	               "m.yaml:2:7: error: name must be a non-empty string, got ''");
-	expect_in_diag("m.yaml:4:11: error: layers (100001) exceeds the limit of 100000");
+	expect_in_diag("m.yaml:4:11: error: layers (100001) exceeds the limit of 4096");
 	expect_in_diag("m.yaml:10:3: error: missing required key 'kv_lora_rank' in model.mla");
 	expect_in_diag("m.yaml:10:3: error: missing required key 'rope_head_dim' in model.mla");
 	expect_in_diag("m.yaml:13:11: error: hardware must be a profile name, a path or a mapping, "
@@ -1344,4 +1380,52 @@ Test(frontend_rules, remaining_model_rules)
 	expect_in_diag("m.yaml:8:3: error: missing required key 'expert_ffn_hidden' in model.moe");
 	expect_in_diag("m.yaml:11:27: error: unsupported kiln_hardware version 2");
 	expect_in_diag("m.yaml:11:1: error: missing required key 'memory_gib' in hardware");
+}
+
+Test(frontend_hardware, figures_out_of_range)
+{
+	/* 1e-300 TFLOP/s would make every time infinite; 1e308 GiB overflows
+	 * the byte counts: both are typos. */
+	expect_invalid(DENSE_MODEL "training: {global_batch: 1}\n"
+	                           "parallel: {devices: 1}\n"
+	                           "hardware:\n"
+	                           "  memory_gib: 1e308\n"
+	                           "  reserved_gib: 2.5\n"
+	                           "  peak_tflops: 1e-300\n"
+	                           "  gemm_efficiency: 0.5\n"
+	                           "  hbm_gbps: 900\n"
+	                           "  h2d_gbps: 12\n"
+	                           "  d2h_gbps: 13\n"
+	                           "  host_memory_gib: 256\n"
+	                           "  devices_per_node: 4\n"
+	                           "  intra_node_gbps: 100\n"
+	                           "  inter_node_gbps: 12.5\n",
+	               "m.yaml:12:15: error: memory_gib (1e+308) is out of range [1e-06, 1e+07]");
+	expect_in_diag("m.yaml:14:16: error: peak_tflops (1e-300) is out of range [1e-06, 1e+07]");
+}
+
+Test(frontend_rules, max_factor_beyond_what_routing_can_produce)
+{
+	/* ep 2, 8 experts (4 per rank), top-2: a rank receives at most
+	 * 2 * min(2, 4) = 4 rows per token slot pair, r_max = 2 * 2 / 2 = 2. */
+	expect_invalid(MOE_HEAD "  moe: {experts: 8, top_k: 2, expert_ffn_hidden: 32}\n"
+	                        "training: {global_batch: 2}\n"
+	                        "parallel: {devices: 2, ep: 2}\n"
+	                        "hardware: bw1000\n"
+	                        "load: {max_factor: 2.5}\n",
+	               "m.yaml:12:20: error: max_factor (2.5) exceeds the largest load routing can "
+	               "produce with this layout: ep * min(top_k, experts / ep) / top_k = 2 * 2 / 2 "
+	               "= 2");
+	/* Without load.max_factor the default, 3, is cut to that bound. */
+	kiln_model *m = load_ok(MOE_HEAD "  moe: {experts: 8, top_k: 2, expert_ffn_hidden: 32}\n"
+	                                 "training: {global_batch: 2}\n"
+	                                 "parallel: {devices: 2, ep: 2}\n"
+	                                 "hardware: bw1000\n");
+	cr_expect_eq(m->max_factor, 2.0);
+	expect_invalid(MOE_HEAD "  moe: {experts: 64, top_k: 2, expert_ffn_hidden: 32}\n"
+	                        "training: {global_batch: 8}\n"
+	                        "parallel: {devices: 8, ep: 8}\n"
+	                        "hardware: bw1000\n"
+	                        "load: {max_factor: 17}\n",
+	               "m.yaml:12:20: error: max_factor (17) must be at most 16");
 }
