@@ -40,6 +40,7 @@ test-asan: build-asan
 
 bench: build
 	./$(BUILD)/bench_report
+	./$(BUILD)/bench_compile
 
 clean:
 	rm -rf $(BUILD) $(BUILD_SAN)

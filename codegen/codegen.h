@@ -56,4 +56,17 @@ void kiln_report_text(const kiln_ir_graph *g, FILE *out);
 /* The same as one JSON document (keys in docs/cli.md). Caller frees. */
 kiln_json *kiln_report_json(const kiln_ir_graph *g);
 
+/* ---------------------------------------------------------------- plans.c */
+
+struct kiln_compilation;
+
+/* `kilnc compile`: stages whose safety bound is below load.max_factor. */
+int32_t kiln_plans_infeasible_stages(const struct kiln_compilation *c);
+/* The exit-3 message: each such stage with its largest feasible factor. */
+void kiln_plans_report_infeasible(const struct kiln_compilation *c, FILE *err);
+/* A summary of budgets, frontiers and baselines, as text. */
+void kiln_plans_text(const struct kiln_compilation *c, FILE *out);
+/* The plan tables as one JSON document (keys in docs/cli.md). Caller frees. */
+kiln_json *kiln_plans_json(const struct kiln_compilation *c);
+
 #endif

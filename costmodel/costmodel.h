@@ -84,4 +84,105 @@ typedef struct kiln_cost_stage_summary {
 
 void kiln_cost_stage_summarize(const kiln_ir_graph *g, int32_t stage, kiln_cost_stage_summary *out);
 
+/* ---------------------------------------------------------------- planning
+ *
+ * A planning instance is the multiple-choice knapsack of one layer at one
+ * load (docs/cost-model.md, "Planning"): its saved activations ("units")
+ * are partitioned into groups of units whose recomputes share work; each
+ * group offers joint choices of an action per unit. Bytes are counted in
+ * quanta of quantum_bytes: saved bytes rounded down per unit, offloaded
+ * bytes rounded up, so a plan never claims more saving or less copy than it
+ * has. The copy links carry free_offload_q quanta in idle time; offloading
+ * beyond that is exposed at offload_us_per_q per quantum. The passes build
+ * instances (passes/options.c); the solvers below only see these numbers.
+ */
+
+typedef enum { KILN_ACT_KEEP = 0, KILN_ACT_RECOMPUTE = 1, KILN_ACT_OFFLOAD = 2 } kiln_action;
+#define KILN_ACT_COUNT 3
+#define KILN_PLAN_MAX_GROUP 6    /* units per group */
+#define KILN_PLAN_MAX_UNITS 128  /* units per instance */
+#define KILN_PLAN_MAX_QUANTA 4096 /* saved or offloaded quanta per instance */
+
+/* One joint choice for the units of a group. */
+typedef struct kiln_plan_choice {
+	uint8_t actions[KILN_PLAN_MAX_GROUP]; /* kiln_action per unit, in group order */
+	uint32_t saved_q;                     /* quanta saved (rounded down per unit) */
+	uint32_t offload_q;                   /* quanta offloaded (rounded up per unit) */
+	double recompute_us; /* added to the critical path whatever the copy link does:
+	                        recompute, and the HBM time of offload copies */
+} kiln_plan_choice;
+
+typedef struct kiln_plan_group {
+	int32_t units[KILN_PLAN_MAX_GROUP]; /* unit indices, 0..n_units-1 of the instance */
+	int32_t n_units;
+	kiln_plan_choice *choices; /* valid, undominated; choices[0] keeps every unit */
+	int32_t n_choices;
+} kiln_plan_group;
+
+typedef struct kiln_plan_instance {
+	int32_t n_units;
+	kiln_plan_group *groups; /* every unit is in exactly one group */
+	int32_t n_groups;
+	uint64_t quantum_bytes;
+	uint32_t free_offload_q;
+	double offload_us_per_q;
+} kiln_plan_instance;
+
+/* A plan: one choice per group, with its totals. */
+typedef struct kiln_plan_point {
+	uint32_t saved_q;
+	uint32_t offload_q;
+	double recompute_us;
+	double exposed_us; /* recompute_us + kiln_cost_copy_exposed_us(offload_q) */
+	int32_t *choice;   /* n_groups indices into groups[g].choices; owned by the solver's arena */
+} kiln_plan_point;
+
+/* Pareto frontier of bytes saved against exposed time: points sorted by
+ * saved_q ascending; points[0] is keep-everything (0, 0); from points[1] on
+ * exposed_us is strictly ascending (points[1] may also cost 0 when some
+ * saving is free). */
+typedef struct kiln_frontier {
+	kiln_plan_point *points;
+	int32_t n_points;
+} kiln_frontier;
+
+/* Exposed copy time of offloading offload_q quanta:
+ * max(0, offload_q - free_offload_q) * offload_us_per_q. */
+double kiln_cost_copy_exposed_us(const kiln_plan_instance *in, uint32_t offload_q);
+
+/* Totals of a plan given by one choice per group (choice borrowed). */
+void kiln_cost_plan_eval(const kiln_plan_instance *in, const int32_t *choice,
+                         kiln_plan_point *out);
+
+/* Checks an instance's shape (indices, sizes within the KILN_PLAN_MAX_*
+ * limits, choices[0] keeps all). Returns 0 or -1. */
+int kiln_cost_instance_check(const kiln_plan_instance *in);
+
+/* knapsack.c */
+
+/* The whole frontier of one instance by dynamic programming over quanta
+ * saved and quanta offloaded (capped at free_offload_q). Exact for the
+ * quantised instance. Arrays are allocated from a. Returns 0, or -1 on
+ * exhaustion or a malformed instance. O(groups * choices * S * K) time. */
+int kiln_cost_frontier_dp(const kiln_plan_instance *in, kiln_arena *a, kiln_frontier *out);
+
+/* The cheapest plan saving at least min_saved_q, by enumerating every
+ * combination of choices (for tests; refuses instances with more than
+ * 2^22 combinations). Returns 0, 1 when nothing saves enough, -1 when too
+ * large. out->choice is allocated from a. Ties: the larger saving wins. */
+int kiln_cost_solve_brute(const kiln_plan_instance *in, uint32_t min_saved_q, kiln_arena *a,
+                          kiln_plan_point *out);
+
+/* milp.c (the one file that uses GLPK) */
+
+/* The cheapest plan saving at least min_saved_q, as an exact MILP solved by
+ * GLPK. Returns 0, 1 when infeasible, -1 when GLPK failed (its error hook
+ * catches every abort; the process survives). Ties: the larger saving wins. */
+int kiln_cost_solve_milp(const kiln_plan_instance *in, uint32_t min_saved_q, kiln_arena *a,
+                         kiln_plan_point *out);
+
+/* The whole frontier by successive MILPs (each solve's saving + 1 is the next
+ * target). Same contract as kiln_cost_frontier_dp. */
+int kiln_cost_frontier_milp(const kiln_plan_instance *in, kiln_arena *a, kiln_frontier *out);
+
 #endif

@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 
+#include "costmodel/costmodel.h"
 #include "ir/ir.h"
 
 /* lower.c */
@@ -16,15 +17,229 @@ int kiln_pass_lower(const kiln_model *m, kiln_arena *a, kiln_ir_graph **out);
 
 /* pipeline.c */
 
-/* Runs every pass in order, verifying the graph after each. When dump_after
- * names a pass, the graph is printed to dump after that pass. Returns 0, -1
- * on exhaustion or a verifier failure (a compiler bug, reported on err), or
- * -2 when dump_after names no pass. */
+typedef enum { KILN_SOLVER_DP, KILN_SOLVER_MILP } kiln_solver;
+
+typedef struct kiln_unit_set kiln_unit_set;
+typedef struct kiln_plan_table kiln_plan_table;
+typedef struct kiln_stage_budget kiln_stage_budget;
+typedef struct kiln_baseline kiln_baseline;
+typedef struct kiln_plan_pool kiln_plan_pool;
+
+/* Everything one compilation produces, pass by pass. Arena-owned; fields are
+ * NULL / 0 until the pass that fills them has run. */
+typedef struct kiln_compilation {
+	const kiln_model *model; /* borrowed */
+	kiln_arena *arena;       /* borrowed */
+	kiln_solver solver;
+	FILE *progress;          /* when set, one line per finished pass (for terminals) */
+	kiln_ir_graph *graph;    /* lower */
+	kiln_unit_set *sets;     /* activations: one per (stage, layer kind) */
+	int32_t n_sets;
+	double *buckets;         /* plan: upper load-factor edge of each bucket, ascending */
+	int32_t n_buckets;
+	kiln_plan_table *tables; /* plan: n_sets * n_buckets, set-major */
+	kiln_plan_pool *pool;    /* plan: the distinct plans */
+	kiln_stage_budget *budgets; /* budget: one per stage */
+	kiln_baseline *baselines;   /* baselines: KILN_BASELINE_COUNT */
+} kiln_compilation;
+
+/* Runs the passes in order up to and including the pass named until (NULL:
+ * every pass), verifying the graph after each. When dump_after names a pass,
+ * the state after it is printed to dump (and the run goes at least that far).
+ * Returns 0, -1 on exhaustion or a verifier failure (a compiler bug,
+ * reported on err), or -2 when dump_after or until names no pass. */
+int kiln_pipeline_compile(kiln_compilation *c, const char *until, const char *dump_after,
+                          FILE *dump, FILE *err);
+
+/* The front half (every pass up to "lower"), for commands that need only the
+ * graph. Same statuses as kiln_pipeline_compile. */
 int kiln_pipeline_run(const kiln_model *m, kiln_arena *a, const char *dump_after, FILE *dump,
                       FILE *err, kiln_ir_graph **out);
+
+/* Prints the state of a compilation: the IR, then units, plan tables,
+ * budgets and baselines as far as they exist (dump.c). */
+void kiln_pipeline_dump(const kiln_compilation *c, FILE *out);
+
+/* The planning passes, in pipeline order (plan.c, budget.c, baselines.c).
+ * Each returns 0, or -1 on exhaustion. */
+int kiln_pass_plan(kiln_compilation *c);
+int kiln_pass_budget(kiln_compilation *c);
+int kiln_pass_baselines(kiln_compilation *c);
 
 /* Names of the passes, in order, for --help and --dump-after. */
 size_t kiln_pipeline_pass_count(void);
 const char *kiln_pipeline_pass_name(size_t i);
+
+/* activations.c */
+
+/* Unit flags. */
+enum {
+	KILN_UNIT_LAYER_INPUT = 1u << 0, /* the layer's input: kept or offloaded, never recomputed */
+	KILN_UNIT_COLLECTIVE = 1u << 1,  /* its recompute re-runs a collective (TP or EP): only
+	                                    static plans, where every rank recomputes alike, may */
+	KILN_UNIT_RNG = 1u << 2,         /* its recompute replays saved RNG state (dropout) */
+	KILN_UNIT_EXPERT = 1u << 3       /* bytes scale with the load N */
+};
+
+/* One saved activation (or alias group) of a layer kind: what backward
+ * needs and how it could be rebuilt. Arena-owned. */
+typedef struct kiln_unit {
+	const char *name;    /* the tensor's name, e.g. "moe.expert_up" */
+	int32_t tensor;      /* canonical tensor in the representative layer */
+	kiln_lin bytes;      /* per micro-batch; an alias group counts once */
+	int32_t producer;    /* forward op that writes it */
+	int32_t *sources;    /* units (indices in this set) a recompute reads */
+	int32_t n_sources;
+	int32_t *closure;    /* forward ops a recompute re-runs, in forward order:
+	                        the producer and the producers of non-saved
+	                        intermediates it needs */
+	int32_t n_closure;
+	kiln_lin workspace_bytes; /* non-saved intermediates materialised by the recompute */
+	uint32_t flags;
+} kiln_unit;
+
+/* The units of one layer kind on one stage. Every layer of that kind on the
+ * stage has the same units; layer is a representative. */
+struct kiln_unit_set {
+	int32_t stage;
+	kiln_layer_kind kind; /* KILN_LAYER_DENSE or KILN_LAYER_MOE */
+	int32_t layer;        /* representative, index into graph->layers */
+	int32_t n_layers;     /* layers of this kind on the stage */
+	kiln_unit *units;
+	int32_t n_units;
+};
+
+/* The unit sets of every (stage, kind) that has layers, stage by stage.
+ * Arena-owned. Returns 0 or -1 on exhaustion. */
+int kiln_pass_activations(const kiln_ir_graph *g, kiln_arena *a, kiln_unit_set **out_sets,
+                          int32_t *out_n);
+
+/* options.c */
+
+typedef struct kiln_option_flags {
+	bool offload;              /* offload allowed (false: the no-offload ablation) */
+	bool collective_recompute; /* recomputes that re-run a collective allowed (static plans) */
+} kiln_option_flags;
+
+/* Builds the planning instance of one unit set at local expert load n:
+ * per unit keep / recompute / offload with bytes, recompute time (the
+ * closure's forward op times at n), copy times, grouped where recomputes
+ * share ops, dominated choices dropped. The quantum is chosen so that the
+ * layer's bytes span at most KILN_PLAN_MAX_QUANTA / 4 quanta. Arena-owned.
+ * Returns 0 or -1. */
+int kiln_pass_options(const kiln_ir_graph *g, const kiln_unit_set *set, double n,
+                      const kiln_option_flags *flags, kiln_arena *a, kiln_plan_instance *out);
+
+/* Exact bytes of a plan at load n: resident (kept units), saved (the rest),
+ * offloaded, and transient (rebuilt units plus recompute workspace, live
+ * during this layer's backward). actions: one kiln_action per unit. */
+typedef struct kiln_plan_bytes {
+	double resident, saved, offloaded, transient;
+} kiln_plan_bytes;
+void kiln_plan_bytes_at(const kiln_unit_set *set, const uint8_t *actions, double n,
+                        kiln_plan_bytes *out);
+
+/* Source tracking: 0 when every recomputed unit's sources are kept,
+ * offloaded (reloaded before use) or themselves recomputed, and no unit
+ * flagged LAYER_INPUT is recomputed; else -1. */
+int kiln_plan_valid(const kiln_unit_set *set, const uint8_t *actions);
+
+/* Per-unit actions of a plan point of an instance built from set (out has
+ * set->n_units entries). */
+void kiln_plan_actions(const kiln_plan_instance *in, const kiln_plan_point *p, uint8_t *out);
+
+/* plan.c */
+
+/* Load buckets: upper edges from 0 to load.max_factor, 0.25 apart below
+ * 0.75, then 0.9, 1.0, 0.05 apart up to 1.5, 0.1 apart above, with
+ * max_factor itself the last edge (docs/cost-model.md). */
+int kiln_plan_buckets(double max_factor, kiln_arena *a, double **out_edges, int32_t *out_n);
+/* Index of the bucket holding load factor r (rounding up); n when r exceeds
+ * the last edge. */
+int32_t kiln_plan_bucket_of(const double *edges, int32_t n, double r);
+
+/* The plan table of one (unit set, bucket): its instance at the bucket's
+ * upper load, its frontier, and per frontier point the exact bytes at that
+ * load and the pool index of its per-unit actions. Tables with identical
+ * instances share the frontier. */
+struct kiln_plan_table {
+	const kiln_unit_set *set;
+	double load_factor; /* the bucket's upper edge */
+	double n;           /* local expert rows at that load (0 for dense layers) */
+	kiln_plan_instance instance;
+	const kiln_frontier *frontier;
+	int32_t frontier_id;  /* index among the distinct frontiers */
+	kiln_plan_bytes *bytes; /* per point, exact at n */
+	int32_t *plan;          /* per point, index into the pool */
+};
+
+/* The distinct per-unit action vectors of every frontier point and baseline. */
+struct kiln_plan_pool {
+	uint8_t **actions; /* actions[i]: one kiln_action per unit of set[i] */
+	const kiln_unit_set **set;
+	int32_t n, cap;
+	int32_t *slots; /* open-addressing index over actions: pool index + 1, 0 empty */
+	int32_t n_slots;
+	int32_t n_frontiers; /* distinct frontiers */
+};
+
+/* Adds actions (copied) for set to the pool; returns its index or -1. */
+int32_t kiln_plan_pool_add(kiln_plan_pool *p, kiln_arena *a, const kiln_unit_set *set,
+                           const uint8_t *actions);
+
+/* budget.c */
+
+struct kiln_stage_budget {
+	int32_t stage;
+	double capacity_bytes; /* memory - reserved */
+	double static_bytes;
+	double inflight;
+	double fixed_bytes;    /* per micro-batch activations no plan touches (embedding, head) */
+	double steady_bytes;   /* what one in-flight micro-batch holds at load 1 under the steady plan */
+	double steady_exposed_us; /* that plan's exposed time per micro-batch */
+	int32_t *steady_point;    /* per unit set of the stage (in set order): frontier point at load 1 */
+	double budget_bytes;   /* capacity - static - (inflight - 1) * steady: for the deciding micro-batch */
+	double safety_factor;  /* largest bucket edge at which the maximal-saving plan fits; 0: none */
+	bool steady_fits;      /* the steady state fits at all */
+};
+
+/* The cheapest stage-level choice: one frontier point per table (tables[k]
+ * for the k-th unit set of a stage) such that inflight micro-batches holding
+ * R = fixed + sum(layers * resident) each, plus the worst layer's transient,
+ * fit in avail_bytes, and so do inflight - 1 of them beside reserve_bytes
+ * (what a spiking micro-batch needs; 0 for none); cost = sum(layers *
+ * exposed_us). Returns 0 with the choice in out_points (n entries), or 1
+ * when nothing fits (out_points then holds the maximal-saving points).
+ * O(product of frontier sizes). */
+int kiln_budget_cheapest_fit(const kiln_plan_table *const *tables, int32_t n, double fixed_bytes,
+                             double inflight, double avail_bytes, double reserve_bytes,
+                             int32_t *out_points);
+
+/* Stage resident bytes of one micro-batch at bucket b when each unit set of
+ * stage s follows frontier point pts[k] (k over the stage's sets in order),
+ * plus the transient of the worst layer; for budget.c and its tests. */
+double kiln_budget_stage_bytes(const kiln_compilation *c, int32_t stage, int32_t bucket,
+                               const int32_t *pts, double *out_transient);
+
+/* baselines.c */
+
+typedef enum {
+	KILN_BASELINE_FULL_RECOMPUTE,
+	KILN_BASELINE_MEGATRON_SELECTIVE,
+	KILN_BASELINE_STATIC_AGGRESSIVE,
+	KILN_BASELINE_ADAPIPE,
+	KILN_BASELINE_COUNT
+} kiln_baseline_kind;
+
+/* A static policy: one action vector per unit set, the same at every load. */
+struct kiln_baseline {
+	kiln_baseline_kind kind;
+	const char *name;   /* "full-recompute", ... */
+	const char *models; /* the peer flags or paper it models */
+	int32_t *plan;      /* per unit set: pool index */
+	double design_load; /* load factor it was tuned for */
+};
+
+const char *kiln_baseline_name(kiln_baseline_kind k);
 
 #endif

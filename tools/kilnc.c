@@ -7,12 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "codegen/codegen.h"
 #include "frontend/frontend.h"
 #include "passes/passes.h"
 
-enum { EXIT_OK = 0, EXIT_INPUT = 1, EXIT_USAGE = 2 };
+enum { EXIT_OK = 0, EXIT_INPUT = 1, EXIT_USAGE = 2, EXIT_INFEASIBLE = 3 };
 
 static const char USAGE[] =
 	"usage: kilnc [--help] [--version] COMMAND [ARGS]\n"
@@ -28,6 +29,11 @@ static const char USAGE[] =
 	"      activation bytes per micro-batch at load factor 1 and at\n"
 	"      load.max_factor, in-flight micro-batches, peak with everything kept,\n"
 	"      capacity and headroom; then the iteration time and MFU estimate.\n"
+	"  compile MODEL [--solver dp|milp] [--json] [--dump-after=PASS]\n"
+	"      Run every pass: units, per-unit keep/recompute/offload options, a\n"
+	"      Pareto frontier per (stage, layer kind, load bucket), budgets and\n"
+	"      the safety bound, and the baselines. Prints a summary, or the plan\n"
+	"      tables with --json. Exit 3 when load.max_factor does not fit.\n"
 	"  help [COMMAND]\n"
 	"      This text, or one command's.\n"
 	"\n"
@@ -37,7 +43,7 @@ static const char USAGE[] =
 	"  -h, --help         show help\n"
 	"  --version          print the version\n"
 	"\n"
-	"Exit status: 0 success, 1 bad input, 2 usage error.\n"
+	"Exit status: 0 success, 1 bad input, 2 usage error, 3 infeasible.\n"
 	"MODEL is a kiln model description (docs/model-format.md); shipped ones are\n"
 	"in examples/models/.\n";
 
@@ -63,7 +69,30 @@ static const char HELP_REPORT[] =
 	"  capacity, headroom              memory - reserved, and capacity - spike\n"
 	"  fwd ms, bwd ms                  one micro-batch through the stage at load 1\n"
 	"Then the iteration estimate: time, tokens/s, MFU, pipeline bubble.\n"
-	"Text shows GiB and ms; --json gives bytes and microseconds (docs/cli.md).\n";
+	"Text shows GiB (MiB when a device has under 1 GiB) and ms; --json gives\n"
+	"bytes and microseconds (docs/cli.md).\n";
+
+static const char HELP_COMPILE[] =
+	"usage: kilnc compile MODEL [--solver dp|milp] [--json] [--dump-after=PASS]\n"
+	"\n"
+	"Plans activation memory for MODEL. For every pipeline stage and layer kind:\n"
+	"the saved activations (units), and for each load bucket from 0 to\n"
+	"load.max_factor the Pareto frontier of bytes saved against exposed time, each\n"
+	"point one keep / recompute / offload action per unit. Then per stage the\n"
+	"steady-state plan, the budget of a micro-batch deciding after its MoE gate,\n"
+	"and the safety bound: the largest load factor at which the maximal-saving plan\n"
+	"still fits. Baselines (full recompute, Megatron selective, static aggressive,\n"
+	"AdaPipe) are planned too.\n"
+	"\n"
+	"  --solver dp     dynamic programming over quantised bytes (default)\n"
+	"  --solver milp   an exact MILP (GLPK) for every frontier point; slower\n"
+	"  --json          the plan tables as one JSON document (docs/cli.md)\n"
+	"  --dump-after=P  print the compiler state after pass P\n"
+	"\n"
+	"Exit status 3, with each stage and its largest feasible load factor on\n"
+	"stderr, when load.max_factor does not fit on some stage. The plan blob\n"
+	"(-o PLAN.kiln) arrives with the runtime; until then --json is the output.\n"
+	"Progress goes to stderr when stderr is a terminal.\n";
 
 static void usage_error(const char *fmt, const char *arg)
 {
@@ -91,6 +120,8 @@ static int print_help(const char *cmd)
 		fputs(HELP_CHECK, stdout);
 	} else if (strcmp(cmd, "report") == 0) {
 		fputs(HELP_REPORT, stdout);
+	} else if (strcmp(cmd, "compile") == 0) {
+		fputs(HELP_COMPILE, stdout);
 	} else {
 		usage_error("no help for unknown command '%s'", cmd);
 		return EXIT_USAGE;
@@ -101,6 +132,7 @@ static int print_help(const char *cmd)
 typedef struct options {
 	const char *model;
 	const char *dump_after;
+	const char *solver;
 	bool json;
 	bool help;
 } options;
@@ -109,6 +141,7 @@ typedef struct options {
 static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, bool allow_dump,
                       options *out)
 {
+	bool allow_solver = strcmp(cmd, "compile") == 0;
 	memset(out, 0, sizeof *out);
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
@@ -124,6 +157,24 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 				return EXIT_USAGE;
 			}
 			out->dump_after = argv[++i];
+		} else if (allow_solver && (strcmp(a, "--solver") == 0 || strncmp(a, "--solver=", 9) == 0)) {
+			if (a[8] == '=') {
+				out->solver = a + 9;
+			} else if (i + 1 < argc) {
+				out->solver = argv[++i];
+			} else {
+				usage_error("%s needs dp or milp", a);
+				return EXIT_USAGE;
+			}
+			if (strcmp(out->solver, "dp") != 0 && strcmp(out->solver, "milp") != 0) {
+				usage_error("--solver must be dp or milp, got '%s'", out->solver);
+				return EXIT_USAGE;
+			}
+		} else if (allow_solver && (strcmp(a, "-o") == 0 || strncmp(a, "--output", 8) == 0)) {
+			usage_error("%s: the plan blob is not implemented yet (it arrives with the "
+			            "runtime); use --json for the plan tables",
+			            a);
+			return EXIT_USAGE;
 		} else if (a[0] == '-' && a[1] != '\0') {
 			fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n", a, cmd);
 			fprintf(stderr, "Try 'kilnc help %s'.\n", cmd);
@@ -133,6 +184,17 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 		} else {
 			fprintf(stderr, "kilnc: error: '%s' takes one MODEL, got '%s' and '%s'\n", cmd,
 			        out->model, a);
+			return EXIT_USAGE;
+		}
+	}
+	if (out->dump_after) {
+		size_t i = 0;
+		while (i < kiln_pipeline_pass_count() &&
+		       strcmp(kiln_pipeline_pass_name(i), out->dump_after) != 0)
+			i++;
+		if (i == kiln_pipeline_pass_count()) {
+			usage_error("--dump-after: no pass named '%s' (see kilnc --help)",
+			            out->dump_after);
 			return EXIT_USAGE;
 		}
 	}
@@ -217,6 +279,52 @@ static int cmd_report(int argc, char **argv)
 	return finish_output(rc);
 }
 
+static int cmd_compile(int argc, char **argv)
+{
+	options o;
+	int rc = parse_args("compile", argc, argv, true, true, &o);
+	if (rc || o.help)
+		return rc ? rc : print_help("compile");
+	kiln_arena *a = kiln_arena_new();
+	kiln_model *m = NULL;
+	if (!a) {
+		fprintf(stderr, "kilnc: error: out of memory\n");
+		return EXIT_INPUT;
+	}
+	int frc = kiln_frontend_load_file(o.model, a, stderr, &m);
+	if (frc != KILN_FRONTEND_OK) {
+		if (frc != KILN_FRONTEND_INVALID)
+			fprintf(stderr, "kilnc: error: out of memory reading %s\n", o.model);
+		kiln_arena_free(a);
+		return EXIT_INPUT;
+	}
+	kiln_compilation c = {.model = m, .arena = a};
+	c.solver = o.solver && strcmp(o.solver, "milp") == 0 ? KILN_SOLVER_MILP : KILN_SOLVER_DP;
+	c.progress = isatty(2) ? stderr : NULL;
+	rc = kiln_pipeline_compile(&c, NULL, o.dump_after, stdout, stderr);
+	if (rc == -2) {
+		usage_error("--dump-after: no pass named '%s'", o.dump_after);
+		rc = EXIT_USAGE;
+	} else if (rc != 0) {
+		fprintf(stderr, "kilnc: error: compiling %s failed\n", o.model);
+		rc = EXIT_INPUT;
+	} else if (kiln_plans_infeasible_stages(&c) > 0) {
+		kiln_plans_report_infeasible(&c, stderr);
+		rc = EXIT_INFEASIBLE;
+	} else if (o.json) {
+		kiln_json *doc = kiln_plans_json(&c);
+		if (kiln_json_write(doc, stdout) != 0) {
+			fprintf(stderr, "kilnc: error: out of memory writing JSON\n");
+			rc = EXIT_INPUT;
+		}
+		kiln_json_free(doc);
+	} else if (!o.dump_after) {
+		kiln_plans_text(&c, stdout);
+	}
+	kiln_arena_free(a);
+	return finish_output(rc);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -241,6 +349,8 @@ int main(int argc, char **argv)
 		return cmd_check(argc - 2, argv + 2);
 	if (strcmp(cmd, "report") == 0)
 		return cmd_report(argc - 2, argv + 2);
+	if (strcmp(cmd, "compile") == 0)
+		return cmd_compile(argc - 2, argv + 2);
 	if (cmd[0] == '-')
 		usage_error("unknown option '%s'", cmd);
 	else

@@ -1,0 +1,199 @@
+/* codegen/plans.c: `kilnc compile` output: the plan tables, the budgets and
+ * safety bounds, and the baselines, as text and as JSON (keys in
+ * docs/cli.md). Until the blob writer exists, this is the compiler's output.
+ */
+#include <math.h>
+
+#include "codegen/codegen.h"
+#include "passes/passes.h"
+
+static const char *action_name(int a)
+{
+	switch (a) {
+	case KILN_ACT_KEEP:
+		return "keep";
+	case KILN_ACT_RECOMPUTE:
+		return "recompute";
+	case KILN_ACT_OFFLOAD:
+		return "offload";
+	}
+	return "?";
+}
+
+static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
+{
+	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
+}
+
+int32_t kiln_plans_infeasible_stages(const kiln_compilation *c)
+{
+	int32_t n = 0;
+	for (int32_t s = 0; s < c->graph->n_stages; s++)
+		n += c->budgets[s].safety_factor < c->model->max_factor - 1e-9;
+	return n;
+}
+
+void kiln_plans_report_infeasible(const kiln_compilation *c, FILE *err)
+{
+	const kiln_model *m = c->model;
+	fprintf(err, "%s: error: load.max_factor %.3g does not fit on %d of %d stages, even with "
+	             "every activation recomputed or offloaded:\n",
+	        m->path, m->max_factor, kiln_plans_infeasible_stages(c), c->graph->n_stages);
+	for (int32_t s = 0; s < c->graph->n_stages; s++) {
+		const kiln_stage_budget *b = &c->budgets[s];
+		if (b->safety_factor >= m->max_factor - 1e-9)
+			continue;
+		if (!b->steady_fits)
+			fprintf(err, "  stage %d: does not fit even at balanced load (load factor 1)\n", s);
+		else if (b->safety_factor <= 0)
+			fprintf(err, "  stage %d: no load factor fits\n", s);
+		else
+			fprintf(err, "  stage %d: largest load factor that fits is %.3g\n", s,
+			        b->safety_factor);
+	}
+	fprintf(err, "%s: note: lower load.max_factor, or add memory per device (more tp or pp, "
+	             "a distributed optimizer, a larger device)\n",
+	        m->path);
+}
+
+void kiln_plans_text(const kiln_compilation *c, FILE *out)
+{
+	const kiln_model *m = c->model;
+	fprintf(out, "%s: %d unit sets x %d load buckets (0 to %.3g), %d distinct frontiers, %d "
+	             "distinct plans, solver %s\n\n",
+	        m->name, c->n_sets, c->n_buckets, m->max_factor, c->pool->n_frontiers, c->pool->n,
+	        c->solver == KILN_SOLVER_MILP ? "milp" : "dp");
+	fprintf(out, "%5s %9s %8s %10s %10s %10s %12s %7s\n", "stage", "capacity", "static",
+	        "inflight", "steady", "budget", "steady cost", "safety");
+	for (int32_t s = 0; s < c->graph->n_stages; s++) {
+		const kiln_stage_budget *b = &c->budgets[s];
+		fprintf(out, "%5d %8.2fG %7.2fG %10.3g %9.2fG %9.2fG %9.2f ms %6.3gx%s\n", s,
+		        b->capacity_bytes / 1073741824.0, b->static_bytes / 1073741824.0, b->inflight,
+		        b->steady_bytes / 1073741824.0, b->budget_bytes / 1073741824.0,
+		        b->steady_exposed_us / 1e3, b->safety_factor,
+		        b->steady_fits ? "" : "  (steady state does not fit)");
+	}
+	fprintf(out, "\nsteady: what one in-flight micro-batch holds at load 1 under the cheapest plan "
+	             "that fits;\nbudget: what a deciding micro-batch may hold; safety: the largest "
+	             "load factor whose\nmaximal-saving plan fits the budget.\n\n");
+	for (int32_t i = 0; i < c->n_sets; i++) {
+		const kiln_unit_set *set = &c->sets[i];
+		int32_t b1 = kiln_plan_bucket_of(c->buckets, c->n_buckets, 1.0);
+		const kiln_plan_table *t1 = table(c, i, b1);
+		const kiln_plan_table *tm = table(c, i, c->n_buckets - 1);
+		fprintf(out,
+		        "stage %d %s x%d: %d units; frontier at load 1: %d points, at %.3g: %d points; "
+		        "max saving at %.3g: %.1f%% of %.2f MiB for %.2f ms\n",
+		        set->stage, kiln_ir_layer_kind_name(set->kind), set->n_layers, set->n_units,
+		        t1->frontier->n_points, tm->load_factor, tm->frontier->n_points, tm->load_factor,
+		        100.0 * tm->bytes[tm->frontier->n_points - 1].saved /
+		            fmax(1.0, tm->bytes[0].resident),
+		        tm->bytes[0].resident / 1048576.0,
+		        tm->frontier->points[tm->frontier->n_points - 1].exposed_us / 1e3);
+	}
+	fprintf(out, "\nbaselines:\n");
+	for (int k = 0; k < KILN_BASELINE_COUNT; k++)
+		fprintf(out, "  %-20s %s\n", c->baselines[k].name, c->baselines[k].models);
+}
+
+static void add_actions(kiln_json *obj, const kiln_unit_set *set, const uint8_t *act)
+{
+	for (int32_t u = 0; u < set->n_units; u++)
+		kiln_json_add_string(obj, set->units[u].name, action_name(act[u]));
+}
+
+kiln_json *kiln_plans_json(const kiln_compilation *c)
+{
+	const kiln_model *m = c->model;
+	kiln_json *root = kiln_json_object();
+	kiln_json_add_number(root, "kiln_plan", 1);
+	kiln_json_add_string(root, "model", m->name);
+	kiln_json_add_string(root, "path", m->path);
+	kiln_json_add_string(root, "solver", c->solver == KILN_SOLVER_MILP ? "milp" : "dp");
+	kiln_json_add_number(root, "max_factor", m->max_factor);
+	kiln_json *buckets = kiln_json_add_array(root, "buckets");
+	for (int32_t b = 0; b < c->n_buckets; b++)
+		kiln_json_add_number(buckets, NULL, c->buckets[b]);
+
+	kiln_json *stages = kiln_json_add_array(root, "stages");
+	for (int32_t s = 0; s < c->graph->n_stages; s++) {
+		const kiln_stage_budget *bu = &c->budgets[s];
+		kiln_json *st = kiln_json_add_object(stages, NULL);
+		kiln_json_add_number(st, "stage", s);
+		kiln_json_add_number(st, "capacity_bytes", bu->capacity_bytes);
+		kiln_json_add_number(st, "static_bytes", bu->static_bytes);
+		kiln_json_add_number(st, "inflight", bu->inflight);
+		kiln_json_add_number(st, "fixed_bytes", bu->fixed_bytes);
+		kiln_json_add_number(st, "steady_bytes", bu->steady_bytes);
+		kiln_json_add_number(st, "steady_exposed_us", bu->steady_exposed_us);
+		kiln_json_add_number(st, "budget_bytes", bu->budget_bytes);
+		kiln_json_add_bool(st, "steady_fits", bu->steady_fits);
+		kiln_json_add_number(st, "safety_factor", bu->safety_factor);
+		kiln_json_add_bool(st, "fits_max_factor", bu->safety_factor >= m->max_factor - 1e-9);
+		kiln_json *sets = kiln_json_add_array(st, "layer_kinds");
+		int32_t k = 0;
+		for (int32_t i = 0; i < c->n_sets; i++) {
+			const kiln_unit_set *set = &c->sets[i];
+			if (set->stage != s)
+				continue;
+			kiln_json *sj = kiln_json_add_object(sets, NULL);
+			kiln_json_add_string(sj, "kind", kiln_ir_layer_kind_name(set->kind));
+			kiln_json_add_number(sj, "layers", set->n_layers);
+			kiln_json_add_number(sj, "steady_point", bu->steady_point[k++]);
+			kiln_json *units = kiln_json_add_array(sj, "units");
+			for (int32_t u = 0; u < set->n_units; u++) {
+				const kiln_unit *un = &set->units[u];
+				kiln_json *uj = kiln_json_add_object(units, NULL);
+				kiln_json_add_string(uj, "name", un->name);
+				kiln_json_add_number(uj, "bytes_base", (double)un->bytes.base);
+				kiln_json_add_number(uj, "bytes_per_n", (double)un->bytes.per_n);
+				kiln_json_add_bool(uj, "recomputable",
+				                   !(un->flags & (KILN_UNIT_LAYER_INPUT | KILN_UNIT_COLLECTIVE)));
+			}
+			kiln_json *tabs = kiln_json_add_array(sj, "buckets");
+			for (int32_t b = 0; b < c->n_buckets; b++) {
+				const kiln_plan_table *t = table(c, i, b);
+				kiln_json *tj = kiln_json_add_object(tabs, NULL);
+				kiln_json_add_number(tj, "load_factor", t->load_factor);
+				kiln_json_add_number(tj, "rows", t->n);
+				kiln_json_add_number(tj, "frontier", t->frontier_id);
+				kiln_json *pts = kiln_json_add_array(tj, "points");
+				for (int32_t p = 0; p < t->frontier->n_points; p++) {
+					const kiln_plan_point *pt = &t->frontier->points[p];
+					kiln_json *pj = kiln_json_add_object(pts, NULL);
+					kiln_json_add_number(pj, "saved_bytes", t->bytes[p].saved);
+					kiln_json_add_number(pj, "resident_bytes", t->bytes[p].resident);
+					kiln_json_add_number(pj, "offloaded_bytes", t->bytes[p].offloaded);
+					kiln_json_add_number(pj, "transient_bytes", t->bytes[p].transient);
+					kiln_json_add_number(pj, "exposed_us", pt->exposed_us);
+					kiln_json_add_number(pj, "recompute_us", pt->recompute_us);
+					kiln_json_add_number(pj, "plan", t->plan[p]);
+				}
+			}
+		}
+	}
+
+	kiln_json *plans = kiln_json_add_array(root, "plans");
+	for (int32_t i = 0; i < c->pool->n; i++) {
+		kiln_json *pj = kiln_json_add_object(plans, NULL);
+		kiln_json_add_string(pj, "kind", kiln_ir_layer_kind_name(c->pool->set[i]->kind));
+		add_actions(kiln_json_add_object(pj, "actions"), c->pool->set[i], c->pool->actions[i]);
+	}
+
+	kiln_json *bls = kiln_json_add_array(root, "baselines");
+	for (int k = 0; k < KILN_BASELINE_COUNT; k++) {
+		const kiln_baseline *bl = &c->baselines[k];
+		kiln_json *bj = kiln_json_add_object(bls, NULL);
+		kiln_json_add_string(bj, "name", bl->name);
+		kiln_json_add_string(bj, "models", bl->models);
+		kiln_json_add_number(bj, "design_load", bl->design_load);
+		kiln_json *per = kiln_json_add_array(bj, "plans");
+		for (int32_t i = 0; i < c->n_sets; i++) {
+			kiln_json *e = kiln_json_add_object(per, NULL);
+			kiln_json_add_number(e, "stage", c->sets[i].stage);
+			kiln_json_add_string(e, "kind", kiln_ir_layer_kind_name(c->sets[i].kind));
+			kiln_json_add_number(e, "plan", bl->plan[i]);
+		}
+	}
+	return root;
+}

@@ -1,0 +1,368 @@
+/* costmodel/knapsack.c: the planning frontier by dynamic programming, and a
+ * brute-force reference for tests.
+ *
+ * The DP state after a prefix of groups is (s, u): s quanta saved so far and
+ * u = min(O, K) quanta of the free copy capacity K used by the O quanta
+ * offloaded so far. Its value is the least recompute time plus paid copy
+ * time max(0, O - K) * rate of any prefix plan reaching it. Offloading w more
+ * quanta from u costs max(0, u + w - K) * rate and moves to min(K, u + w), so
+ * the paid total is exactly max(0, O - K) and the DP is exact for the
+ * quantised instance (docs/cost-model.md, "Solvers").
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "costmodel/costmodel.h"
+
+/* Costs closer than this (relative, 1e-9 us floor) are one cost level: the
+ * larger saving wins, so float noise from summing in another order never
+ * turns one level into two frontier points. milp.c uses the same rule. */
+static double tie_tol(double cost_us)
+{
+	return 1e-9 * (fabs(cost_us) > 1.0 ? fabs(cost_us) : 1.0);
+}
+
+typedef struct dp_group {
+	uint16_t *choice; /* (smax + 1) rows of width ucols: winning choice per state */
+	uint16_t *sat_u;  /* smax + 1: predecessor u of the state u = kd (copy saturated) */
+	uint32_t smax;    /* largest s reachable after this group */
+	uint32_t ucols;   /* 1 + largest u reachable after this group */
+} dp_group;
+
+typedef struct dp_work {
+	double *cur, *nxt;             /* (s_cap + 1) rows of width kd + 1 */
+	uint32_t *cur_cols, *nxt_cols; /* columns of each row written so far; 0: unreachable */
+	dp_group *groups;
+	uint16_t *tables; /* every group's choice table, back to back */
+	uint16_t *sats;
+	int32_t *path;  /* n_groups: one reconstructed plan */
+	uint32_t *pick; /* s_cap + 1: frontier saving levels */
+	uint16_t *live; /* kd + 1: undominated u of one row */
+} dp_work;
+
+static void dp_work_free(dp_work *w)
+{
+	free(w->cur);
+	free(w->nxt);
+	free(w->cur_cols);
+	free(w->nxt_cols);
+	free(w->groups);
+	free(w->tables);
+	free(w->sats);
+	free(w->path);
+	free(w->pick);
+	free(w->live);
+}
+
+/* The choice tables grow with groups * S * K; past this the instance is
+ * refused as exhaustion rather than thrashing (4096 x 4096 x 32 groups). */
+#define DP_MAX_TABLE_ENTRIES ((size_t)1 << 29)
+
+/* One group's transitions from w->cur into w->nxt. kd is the copy capacity
+ * the state tracks (0 when copies are never paid), rate the paid cost.
+ *
+ * A state (s, u) is skipped as a source when some (s, u' < u) is no dearer:
+ * every continuation costs at least as much from u as from u' (paid copy is
+ * nondecreasing in u), so it never leads anywhere cheaper. Values of the
+ * states that are not dominated stay exact, and tracing back from one only
+ * visits such states. */
+static void dp_step(const kiln_plan_group *gr, const dp_group *prev, dp_group *dg, uint32_t kd,
+                    double rate, dp_work *w)
+{
+	const size_t width = (size_t)kd + 1;
+	/* Rows are filled with INFINITY lazily, only as far as a write reaches:
+	 * most of the (s, u) rectangle is never reachable. */
+	memset(w->nxt_cols, 0, ((size_t)dg->smax + 1) * sizeof(uint32_t));
+	uint16_t *live = w->live;
+	for (uint32_t s = 0; s <= prev->smax; s++) {
+		if (!w->cur_cols[s])
+			continue;
+		const double *src = w->cur + s * width;
+		uint32_t n_live = 0;
+		double run = INFINITY;
+		for (uint32_t u = 0; u < w->cur_cols[s]; u++)
+			if (src[u] < run) {
+				run = src[u];
+				live[n_live++] = (uint16_t)u;
+			}
+		if (n_live == 0)
+			continue;
+		for (int32_t c = 0; c < gr->n_choices; c++) {
+			const kiln_plan_choice *ch = &gr->choices[c];
+			const uint32_t wq = ch->offload_q, t = s + ch->saved_q;
+			const double r = ch->recompute_us;
+			/* u + wq < kd stays unsaturated; the rest lands on u = kd. */
+			const uint32_t ulo = kd > wq ? kd - wq : 0;
+			double *dst = w->nxt + t * width;
+			uint16_t *tab = dg->choice + (size_t)t * dg->ucols;
+			uint32_t reach = live[n_live - 1] + wq;
+			uint32_t need = (reach < kd ? reach : kd) + 1;
+			for (uint32_t u = w->nxt_cols[t]; u < need; u++)
+				dst[u] = INFINITY;
+			if (w->nxt_cols[t] < need)
+				w->nxt_cols[t] = need;
+			uint32_t i = 0;
+			for (; i < n_live && live[i] < ulo; i++) {
+				uint32_t u = live[i];
+				double v = src[u] + r;
+				if (v < dst[u + wq]) {
+					dst[u + wq] = v;
+					tab[u + wq] = (uint16_t)c;
+				}
+			}
+			for (; i < n_live; i++) {
+				uint32_t u = live[i];
+				double v = src[u] + r + (double)(u + wq - kd) * rate;
+				if (v < dst[kd]) {
+					dst[kd] = v;
+					tab[kd] = (uint16_t)c;
+					dg->sat_u[t] = (uint16_t)u;
+				}
+			}
+		}
+	}
+}
+
+/* Fills w->path with the plan that reaches state (s, u) after every group. */
+static void dp_trace(const kiln_plan_instance *in, const dp_work *w, uint32_t kd, uint32_t s,
+                     uint32_t u)
+{
+	for (int32_t g = in->n_groups - 1; g >= 0; g--) {
+		const dp_group *dg = &w->groups[g];
+		uint16_t c = dg->choice[(size_t)s * dg->ucols + u];
+		const kiln_plan_choice *ch = &in->groups[g].choices[c];
+		w->path[g] = c;
+		uint32_t pu = u == kd ? dg->sat_u[s] : u - ch->offload_q;
+		s -= ch->saved_q;
+		u = pu;
+	}
+}
+
+static int dp_alloc(const kiln_plan_instance *in, uint32_t s_cap, uint32_t kd, dp_work *w)
+{
+	const size_t width = (size_t)kd + 1, rows = (size_t)s_cap + 1;
+	size_t g_n = in->n_groups > 0 ? (size_t)in->n_groups : 1;
+	w->cur = malloc(rows * width * sizeof(double));
+	w->nxt = malloc(rows * width * sizeof(double));
+	w->cur_cols = calloc(rows, sizeof(uint32_t));
+	w->nxt_cols = calloc(rows, sizeof(uint32_t));
+	w->groups = calloc(g_n, sizeof(dp_group));
+	w->path = calloc(g_n, sizeof(int32_t));
+	w->pick = malloc(rows * sizeof(uint32_t));
+	w->live = malloc(width * sizeof(uint16_t));
+	if (!w->cur || !w->nxt || !w->cur_cols || !w->nxt_cols || !w->groups || !w->path ||
+	    !w->pick || !w->live)
+		return -1;
+	/* Reachable states after each group fit in the rectangle of its prefix's
+	 * largest saving and offload, so the tables store only that. */
+	size_t entries = 0, sat_entries = 0;
+	uint64_t ps = 0, po = 0;
+	for (int32_t g = 0; g < in->n_groups; g++) {
+		const kiln_plan_group *gr = &in->groups[g];
+		uint32_t ms = 0, mo = 0;
+		for (int32_t c = 0; c < gr->n_choices; c++) {
+			if (gr->choices[c].saved_q > ms)
+				ms = gr->choices[c].saved_q;
+			if (gr->choices[c].offload_q > mo)
+				mo = gr->choices[c].offload_q;
+		}
+		ps += ms;
+		po += mo;
+		dp_group *dg = &w->groups[g];
+		dg->smax = (uint32_t)ps;
+		dg->ucols = (po < kd ? (uint32_t)po : kd) + 1;
+		entries += (size_t)(dg->smax + 1) * dg->ucols;
+		sat_entries += (size_t)dg->smax + 1;
+		if (entries > DP_MAX_TABLE_ENTRIES)
+			return -1;
+	}
+	w->tables = malloc((entries ? entries : 1) * sizeof(uint16_t));
+	w->sats = malloc((sat_entries ? sat_entries : 1) * sizeof(uint16_t));
+	if (!w->tables || !w->sats)
+		return -1;
+	size_t off = 0, soff = 0;
+	for (int32_t g = 0; g < in->n_groups; g++) {
+		dp_group *dg = &w->groups[g];
+		dg->choice = w->tables + off;
+		dg->sat_u = w->sats + soff;
+		off += (size_t)(dg->smax + 1) * dg->ucols;
+		soff += (size_t)dg->smax + 1;
+	}
+	return 0;
+}
+
+/* Copies the plan in w->path into a frontier point allocated from a. */
+static int dp_emit(const kiln_plan_instance *in, const int32_t *path, kiln_arena *a,
+                   kiln_plan_point *p)
+{
+	size_t n = in->n_groups > 0 ? (size_t)in->n_groups : 1;
+	int32_t *choice = kiln_arena_alloc(a, n * sizeof(int32_t));
+	if (!choice)
+		return -1;
+	memcpy(choice, path, (size_t)in->n_groups * sizeof(int32_t));
+	kiln_cost_plan_eval(in, choice, p);
+	p->choice = choice;
+	return 0;
+}
+
+/* Ownership: in is borrowed for the call; out->points and every point's
+ * choice live in a. Temporary tables are malloc'd and freed on every path.
+ * Time O(groups * choices * S * (K' + 1)), memory O(groups * S * (K' + 1))
+ * bytes, where S is the sum of the groups' largest savings and K' the free
+ * copy capacity capped at the largest possible offload (0 when copies are
+ * free: offload_us_per_q == 0 or K covers every offload). Refuses (-1)
+ * groups with more than 65535 choices and tables over 2^29 entries. */
+int kiln_cost_frontier_dp(const kiln_plan_instance *in, kiln_arena *a, kiln_frontier *out)
+{
+	if (!out || kiln_cost_instance_check(in) != 0)
+		return -1;
+	out->points = NULL;
+	out->n_points = 0;
+	uint64_t s_cap = 0, o_cap = 0;
+	for (int32_t g = 0; g < in->n_groups; g++) {
+		const kiln_plan_group *gr = &in->groups[g];
+		if (gr->n_choices > 65535)
+			return -1;
+		uint32_t ms = 0, mo = 0;
+		for (int32_t c = 0; c < gr->n_choices; c++) {
+			if (gr->choices[c].saved_q > ms)
+				ms = gr->choices[c].saved_q;
+			if (gr->choices[c].offload_q > mo)
+				mo = gr->choices[c].offload_q;
+		}
+		s_cap += ms;
+		o_cap += mo;
+	}
+	/* Copies are never paid when they are free or the capacity covers every
+	 * possible offload: one u column then suffices. */
+	uint32_t kd = in->free_offload_q;
+	double rate = in->offload_us_per_q;
+	if (rate == 0.0 || o_cap <= kd) {
+		kd = 0;
+		rate = 0.0;
+	}
+	dp_work w;
+	memset(&w, 0, sizeof(w));
+	int rc = -1;
+	if (dp_alloc(in, (uint32_t)s_cap, kd, &w) != 0)
+		goto done;
+
+	dp_group start = {.choice = NULL, .sat_u = NULL, .smax = 0, .ucols = 1};
+	w.cur[0] = 0.0;
+	w.cur_cols[0] = 1;
+	const dp_group *prev = &start;
+	for (int32_t g = 0; g < in->n_groups; g++) {
+		dp_step(&in->groups[g], prev, &w.groups[g], kd, rate, &w);
+		double *t = w.cur;
+		w.cur = w.nxt;
+		w.nxt = t;
+		uint32_t *tc = w.cur_cols;
+		w.cur_cols = w.nxt_cols;
+		w.nxt_cols = tc;
+		prev = &w.groups[g];
+	}
+
+	/* Frontier levels from the largest saving down: a saving is kept when it
+	 * is strictly cheaper than every larger one, so at one cost level the
+	 * largest saving wins. Saving 0 is always keep-everything. */
+	const size_t width = (size_t)kd + 1;
+	uint32_t n_pick = 0;
+	double run = INFINITY;
+	for (uint32_t s = prev->smax; s >= 1; s--) {
+		if (!w.cur_cols[s])
+			continue;
+		const double *row = w.cur + s * width;
+		double best = INFINITY;
+		for (uint32_t u = 0; u < w.cur_cols[s]; u++)
+			if (row[u] < best)
+				best = row[u];
+		if (best < INFINITY && (isinf(run) || best < run - tie_tol(run))) {
+			w.pick[n_pick++] = s;
+			run = best;
+		}
+	}
+	kiln_plan_point *pts = kiln_arena_alloc(a, ((size_t)n_pick + 1) * sizeof(kiln_plan_point));
+	if (!pts)
+		goto done;
+	memset(w.path, 0, (size_t)(in->n_groups > 0 ? in->n_groups : 1) * sizeof(int32_t));
+	if (dp_emit(in, w.path, a, &pts[0]) != 0)
+		goto done;
+	int32_t n = 1;
+	for (uint32_t i = n_pick; i-- > 0;) {
+		uint32_t s = w.pick[i];
+		const double *row = w.cur + s * width;
+		uint32_t bu = 0;
+		for (uint32_t u = 1; u < w.cur_cols[s]; u++)
+			if (row[u] < row[bu])
+				bu = u;
+		dp_trace(in, &w, kd, s, bu);
+		if (dp_emit(in, w.path, a, &pts[n]) != 0)
+			goto done;
+		/* Re-evaluated totals differ from the DP's sums only by rounding;
+		 * keep the order strict regardless (points[1] may tie points[0] at
+		 * zero cost when free copy capacity saves bytes). */
+		if (n >= 2 && pts[n].exposed_us <= pts[n - 1].exposed_us)
+			pts[n - 1] = pts[n];
+		else
+			n++;
+	}
+	out->points = pts;
+	out->n_points = n;
+	rc = 0;
+done:
+	dp_work_free(&w);
+	return rc;
+}
+
+/* Ownership: in is borrowed; out->choice lives in a. Time O(combinations *
+ * groups), memory O(groups). Ties (within the frontier's tolerance): the
+ * larger saving, then the lexicographically smallest choice vector. */
+int kiln_cost_solve_brute(const kiln_plan_instance *in, uint32_t min_saved_q, kiln_arena *a,
+                          kiln_plan_point *out)
+{
+	if (!out || kiln_cost_instance_check(in) != 0)
+		return -1;
+	uint64_t combos = 1;
+	for (int32_t g = 0; g < in->n_groups; g++) {
+		combos *= (uint64_t)in->groups[g].n_choices;
+		if (combos > ((uint64_t)1 << 22))
+			return -1;
+	}
+	size_t n = in->n_groups > 0 ? (size_t)in->n_groups : 1;
+	int32_t *cur = calloc(n, sizeof(int32_t));
+	int32_t *best = kiln_arena_alloc(a, n * sizeof(int32_t));
+	if (!cur || !best) {
+		free(cur);
+		return -1;
+	}
+	int found = 0;
+	kiln_plan_point bp = {0};
+	for (uint64_t k = 0; k < combos; k++) {
+		kiln_plan_point p;
+		kiln_cost_plan_eval(in, cur, &p);
+		if (p.saved_q >= min_saved_q) {
+			int better = !found ||
+			             p.exposed_us < bp.exposed_us - tie_tol(bp.exposed_us) ||
+			             (p.exposed_us <= bp.exposed_us + tie_tol(bp.exposed_us) &&
+			              p.saved_q > bp.saved_q);
+			if (better) {
+				bp = p;
+				memcpy(best, cur, (size_t)in->n_groups * sizeof(int32_t));
+				found = 1;
+			}
+		}
+		/* Odometer over choice vectors, last group fastest: lexicographic. */
+		for (int32_t g = in->n_groups - 1; g >= 0; g--) {
+			if (++cur[g] < in->groups[g].n_choices)
+				break;
+			cur[g] = 0;
+		}
+	}
+	free(cur);
+	if (!found)
+		return 1;
+	*out = bp;
+	out->choice = best;
+	return 0;
+}

@@ -1,0 +1,200 @@
+/* passes/budget.c: per stage, the memory a deciding micro-batch may use,
+ * the steady-state plan, and the safety bound (docs/cost-model.md,
+ * "Budget and safety").
+ *
+ *   budget = capacity - static - (inflight - 1) * steady
+ *
+ * where steady is what one in-flight micro-batch holds at load 1 under the
+ * cheapest plan with which every in-flight micro-batch fits at load 1 and
+ * any one of them can still spike to load.max_factor (with its maximal
+ * saving); when no plan allows that, the maximal-saving plan. The safety
+ * bound is the largest bucket edge at which the maximal-saving plan (plus
+ * the worst layer's transient) still fits in the budget.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "costmodel/costmodel.h"
+#include "passes/passes.h"
+
+/* The unit sets of stage s are contiguous in c->sets. */
+static int32_t stage_sets(const kiln_compilation *c, int32_t s, int32_t *out_first)
+{
+	int32_t first = -1, n = 0;
+	for (int32_t i = 0; i < c->n_sets; i++)
+		if (c->sets[i].stage == s) {
+			if (first < 0)
+				first = i;
+			n++;
+		}
+	*out_first = first < 0 ? 0 : first;
+	return n;
+}
+
+static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
+{
+	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
+}
+
+/* Activations no plan touches: the embedding and output layers'. */
+static double fixed_bytes(const kiln_compilation *c, int32_t s)
+{
+	const kiln_ir_stage *st = &c->graph->stages[s];
+	double sum = 0;
+	for (int32_t l = st->layer_begin; l < st->layer_end; l++) {
+		kiln_layer_kind k = c->graph->layers[l].kind;
+		if (k == KILN_LAYER_EMBED || k == KILN_LAYER_HEAD)
+			sum += kiln_lin_at(kiln_cost_layer_activation(c->graph, l), 0);
+	}
+	return sum;
+}
+
+/* The point with the most exact saved bytes (the maximal-saving plan). */
+static int32_t max_saving_point(const kiln_plan_table *t)
+{
+	int32_t best = 0;
+	for (int32_t p = 1; p < t->frontier->n_points; p++)
+		if (t->bytes[p].saved > t->bytes[best].saved)
+			best = p;
+	return best;
+}
+
+static double choice_bytes(const kiln_plan_table *const *tables, int32_t n, double fixed,
+                           const int32_t *pts, double *out_transient)
+{
+	double resident = fixed, transient = 0;
+	for (int32_t k = 0; k < n; k++) {
+		const kiln_plan_bytes *b = &tables[k]->bytes[pts[k]];
+		resident += (double)tables[k]->set->n_layers * b->resident;
+		if (b->transient > transient)
+			transient = b->transient;
+	}
+	*out_transient = transient;
+	return resident;
+}
+
+static double choice_cost(const kiln_plan_table *const *tables, int32_t n, const int32_t *pts)
+{
+	double cost = 0;
+	for (int32_t k = 0; k < n; k++)
+		cost += (double)tables[k]->set->n_layers * tables[k]->frontier->points[pts[k]].exposed_us;
+	return cost;
+}
+
+/* Odometer over every combination of points; the tables of one stage are
+ * one per layer kind, so n <= 2 and the product stays small. */
+int kiln_budget_cheapest_fit(const kiln_plan_table *const *tables, int32_t n, double fixed_bytes,
+                             double inflight, double avail_bytes, double reserve_bytes,
+                             int32_t *out_points)
+{
+	double others = inflight > 1 ? inflight - 1 : 0;
+	int32_t cur[8] = {0};
+	double best = INFINITY;
+	if (n > 8)
+		return -1;
+	for (;;) {
+		double transient;
+		double resident = choice_bytes(tables, n, fixed_bytes, cur, &transient);
+		if (inflight * resident + transient <= avail_bytes &&
+		    others * resident + reserve_bytes <= avail_bytes) {
+			double cost = choice_cost(tables, n, cur);
+			if (cost < best) {
+				best = cost;
+				memcpy(out_points, cur, sizeof(int32_t) * (size_t)n);
+			}
+		}
+		int32_t k = 0;
+		while (k < n && ++cur[k] == tables[k]->frontier->n_points)
+			cur[k++] = 0;
+		if (k == n)
+			break;
+	}
+	if (best < INFINITY)
+		return 0;
+	for (int32_t k = 0; k < n; k++)
+		out_points[k] = max_saving_point(tables[k]);
+	return 1;
+}
+
+double kiln_budget_stage_bytes(const kiln_compilation *c, int32_t stage, int32_t bucket,
+                               const int32_t *pts, double *out_transient)
+{
+	int32_t first, n = stage_sets(c, stage, &first);
+	const kiln_plan_table *tabs[8];
+	for (int32_t k = 0; k < n && k < 8; k++)
+		tabs[k] = table(c, first + k, bucket);
+	return choice_bytes(tabs, n < 8 ? n : 8, fixed_bytes(c, stage), pts, out_transient);
+}
+
+int kiln_pass_budget(kiln_compilation *c)
+{
+	const kiln_ir_graph *g = c->graph;
+	const kiln_model *m = c->model;
+	c->budgets = kiln_arena_alloc(c->arena, sizeof(kiln_stage_budget) * (size_t)g->n_stages);
+	if (!c->budgets)
+		return -1;
+	int32_t b1 = kiln_plan_bucket_of(c->buckets, c->n_buckets, 1.0);
+	for (int32_t s = 0; s < g->n_stages; s++) {
+		kiln_stage_budget *bu = &c->budgets[s];
+		int32_t first, n = stage_sets(c, s, &first);
+		if (n > 8)
+			return -1;
+		kiln_cost_static st;
+		kiln_cost_stage_static(g, s, &st);
+		bu->stage = s;
+		bu->capacity_bytes = (m->hw.memory_gib - m->hw.reserved_gib) * 1073741824.0;
+		bu->static_bytes = (double)st.total;
+		bu->inflight = kiln_cost_stage_inflight(g, s);
+		bu->fixed_bytes = fixed_bytes(c, s);
+		bu->steady_point = kiln_arena_alloc(c->arena, sizeof(int32_t) * (size_t)(n ? n : 1));
+		if (!bu->steady_point)
+			return -1;
+
+		const kiln_plan_table *tabs[8];
+		int32_t pts[8];
+		double avail = bu->capacity_bytes - bu->static_bytes, transient;
+		/* What a spike to max_factor needs at the least: the maximal-saving
+		 * plan and the worst layer's transient. */
+		for (int32_t k = 0; k < n; k++) {
+			tabs[k] = table(c, first + k, c->n_buckets - 1);
+			pts[k] = max_saving_point(tabs[k]);
+		}
+		double spike = choice_bytes(tabs, n, bu->fixed_bytes, pts, &transient) + transient;
+		for (int32_t k = 0; k < n; k++)
+			tabs[k] = table(c, first + k, b1);
+		/* The cheapest steady plan with which every in-flight micro-batch
+		 * fits at load 1 and any one of them can still spike to max_factor;
+		 * failing that, the maximal-saving plan, which gives the largest
+		 * load factor this stage can take at all. */
+		if (kiln_budget_cheapest_fit(tabs, n, bu->fixed_bytes, bu->inflight, avail, spike,
+		                             bu->steady_point) == 0) {
+			bu->steady_fits = true;
+		} else {
+			for (int32_t k = 0; k < n; k++)
+				bu->steady_point[k] = max_saving_point(tabs[k]);
+			double r1 = choice_bytes(tabs, n, bu->fixed_bytes, bu->steady_point, &transient);
+			bu->steady_fits = bu->inflight * r1 + transient <= avail;
+		}
+		bu->steady_bytes = choice_bytes(tabs, n, bu->fixed_bytes, bu->steady_point, &transient);
+		bu->steady_exposed_us = choice_cost(tabs, n, bu->steady_point);
+		double others = bu->inflight > 1 ? bu->inflight - 1 : 0;
+		bu->budget_bytes = avail - others * bu->steady_bytes;
+
+		/* The safety bound: walk the buckets up while the maximal-saving
+		 * plan fits; the first that does not ends it. */
+		bu->safety_factor = 0;
+		if (!bu->steady_fits)
+			continue;
+		for (int32_t b = 0; b < c->n_buckets; b++) {
+			for (int32_t k = 0; k < n; k++) {
+				tabs[k] = table(c, first + k, b);
+				pts[k] = max_saving_point(tabs[k]);
+			}
+			double resident = choice_bytes(tabs, n, bu->fixed_bytes, pts, &transient);
+			if (resident + transient > bu->budget_bytes)
+				break;
+			bu->safety_factor = c->buckets[b];
+		}
+	}
+	return 0;
+}

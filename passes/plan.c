@@ -1,0 +1,254 @@
+/* passes/plan.c: load buckets, a frontier per (stage, layer kind, bucket),
+ * and the pool of distinct plans (docs/cost-model.md, "Plan tables").
+ *
+ * Frontiers depend only on the numbers of their instance, so tables whose
+ * instances are identical (the same layer kind on different stages, a dense
+ * layer at every load) share one frontier, solved once.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "passes/passes.h"
+
+int kiln_plan_buckets(double max_factor, kiln_arena *a, double **out_edges, int32_t *out_n)
+{
+	/* Coarse below the steady state, where loads are rare and cheap to
+	 * over-provision; fine just above 1.0, where 97% of iterations live
+	 * (DESIGN.md section 1); 0.1 apart in the spike range. */
+	double tmp[256];
+	int32_t n = 0;
+	static const double low[] = {0.25, 0.5, 0.75, 0.9, 1.0};
+	for (size_t i = 0; i < sizeof low / sizeof low[0]; i++)
+		tmp[n++] = low[i];
+	for (int k = 1; k <= 10; k++)
+		tmp[n++] = 1.0 + 0.05 * k; /* 1.05 .. 1.5 */
+	for (int k = 1; n < 250; k++)
+		tmp[n++] = 1.5 + 0.1 * k; /* 1.6 .. */
+	/* Cut at max_factor, which becomes the last edge. */
+	int32_t m = 0;
+	while (m < n && tmp[m] < max_factor - 1e-9)
+		m++;
+	if (m == n) /* max_factor beyond the table: the frontend caps it lower */
+		return -1;
+	tmp[m++] = max_factor;
+	double *e = kiln_arena_alloc(a, sizeof(double) * (size_t)m);
+	if (!e)
+		return -1;
+	memcpy(e, tmp, sizeof(double) * (size_t)m);
+	*out_edges = e;
+	*out_n = m;
+	return 0;
+}
+
+int32_t kiln_plan_bucket_of(const double *edges, int32_t n, double r)
+{
+	/* Binary search for the first edge >= r (with a little slack so that
+	 * 1.0 computed as 0.1 * 10 lands in the 1.0 bucket). */
+	int32_t lo = 0, hi = n;
+	while (lo < hi) {
+		int32_t mid = lo + (hi - lo) / 2;
+		if (edges[mid] >= r - 1e-9)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return lo;
+}
+
+static bool same_units(const kiln_unit_set *x, const kiln_unit_set *y)
+{
+	if (x == y)
+		return true;
+	if (x->kind != y->kind || x->n_units != y->n_units)
+		return false;
+	for (int32_t i = 0; i < x->n_units; i++)
+		if (strcmp(x->units[i].name, y->units[i].name) != 0)
+			return false;
+	return true;
+}
+
+static uint64_t fnv(uint64_t h, const void *data, size_t len);
+
+static uint64_t actions_hash(const kiln_unit_set *set, const uint8_t *actions)
+{
+	uint64_t h = fnv(14695981039346656037ull, &set->kind, sizeof set->kind);
+	return fnv(h, actions, (size_t)set->n_units);
+}
+
+static int pool_grow(kiln_plan_pool *p, kiln_arena *a)
+{
+	int32_t cap = p->cap ? 2 * p->cap : 64;
+	uint8_t **na = kiln_arena_alloc(a, sizeof(*na) * (size_t)cap);
+	const kiln_unit_set **ns = kiln_arena_alloc(a, sizeof(*ns) * (size_t)cap);
+	int32_t n_slots = 4 * cap;
+	int32_t *slots = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)n_slots);
+	if (!na || !ns || !slots)
+		return -1;
+	if (p->n) {
+		memcpy(na, p->actions, sizeof(*na) * (size_t)p->n);
+		memcpy(ns, p->set, sizeof(*ns) * (size_t)p->n);
+	}
+	for (int32_t i = 0; i < p->n; i++) {
+		uint64_t h = actions_hash(ns[i], na[i]);
+		int32_t k = (int32_t)(h % (uint64_t)n_slots);
+		while (slots[k])
+			k = (k + 1) % n_slots;
+		slots[k] = i + 1;
+	}
+	p->actions = na;
+	p->set = ns;
+	p->cap = cap;
+	p->slots = slots;
+	p->n_slots = n_slots;
+	return 0;
+}
+
+int32_t kiln_plan_pool_add(kiln_plan_pool *p, kiln_arena *a, const kiln_unit_set *set,
+                           const uint8_t *actions)
+{
+	if (p->n == p->cap && pool_grow(p, a) != 0)
+		return -1;
+	uint64_t h = actions_hash(set, actions);
+	int32_t k = (int32_t)(h % (uint64_t)p->n_slots);
+	for (; p->slots[k]; k = (k + 1) % p->n_slots) {
+		int32_t i = p->slots[k] - 1;
+		if (same_units(p->set[i], set) &&
+		    memcmp(p->actions[i], actions, (size_t)set->n_units) == 0)
+			return i;
+	}
+	uint8_t *copy = kiln_arena_alloc(a, (size_t)set->n_units + 1);
+	if (!copy)
+		return -1;
+	memcpy(copy, actions, (size_t)set->n_units);
+	p->actions[p->n] = copy;
+	p->set[p->n] = set;
+	p->slots[k] = p->n + 1;
+	return p->n++;
+}
+
+/* ---- instance identity */
+
+static uint64_t fnv(uint64_t h, const void *data, size_t len)
+{
+	const unsigned char *p = data;
+	for (size_t i = 0; i < len; i++) {
+		h ^= p[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+static uint64_t instance_hash(const kiln_plan_instance *in)
+{
+	uint64_t h = 14695981039346656037ull;
+	h = fnv(h, &in->n_units, sizeof in->n_units);
+	h = fnv(h, &in->quantum_bytes, sizeof in->quantum_bytes);
+	h = fnv(h, &in->free_offload_q, sizeof in->free_offload_q);
+	h = fnv(h, &in->offload_us_per_q, sizeof in->offload_us_per_q);
+	for (int32_t g = 0; g < in->n_groups; g++) {
+		const kiln_plan_group *gr = &in->groups[g];
+		h = fnv(h, gr->units, sizeof(int32_t) * (size_t)gr->n_units);
+		for (int32_t k = 0; k < gr->n_choices; k++) {
+			const kiln_plan_choice *ch = &gr->choices[k];
+			h = fnv(h, ch->actions, (size_t)gr->n_units);
+			h = fnv(h, &ch->saved_q, sizeof ch->saved_q);
+			h = fnv(h, &ch->offload_q, sizeof ch->offload_q);
+			h = fnv(h, &ch->recompute_us, sizeof ch->recompute_us);
+		}
+	}
+	return h;
+}
+
+static bool instance_equal(const kiln_plan_instance *x, const kiln_plan_instance *y)
+{
+	if (x->n_units != y->n_units || x->n_groups != y->n_groups ||
+	    x->quantum_bytes != y->quantum_bytes || x->free_offload_q != y->free_offload_q ||
+	    x->offload_us_per_q != y->offload_us_per_q)
+		return false;
+	for (int32_t g = 0; g < x->n_groups; g++) {
+		const kiln_plan_group *a = &x->groups[g], *b = &y->groups[g];
+		if (a->n_units != b->n_units || a->n_choices != b->n_choices ||
+		    memcmp(a->units, b->units, sizeof(int32_t) * (size_t)a->n_units) != 0)
+			return false;
+		for (int32_t k = 0; k < a->n_choices; k++) {
+			const kiln_plan_choice *p = &a->choices[k], *q = &b->choices[k];
+			if (memcmp(p->actions, q->actions, (size_t)a->n_units) != 0 ||
+			    p->saved_q != q->saved_q || p->offload_q != q->offload_q ||
+			    p->recompute_us != q->recompute_us)
+				return false;
+		}
+	}
+	return true;
+}
+
+static double balanced_n(const kiln_compilation *c, const kiln_unit_set *set)
+{
+	return c->graph->layers[set->layer].n_balanced;
+}
+
+int kiln_pass_plan(kiln_compilation *c)
+{
+	kiln_arena *a = c->arena;
+	if (kiln_plan_buckets(c->model->max_factor, a, &c->buckets, &c->n_buckets) != 0)
+		return -1;
+	size_t n_tables = (size_t)c->n_sets * (size_t)c->n_buckets;
+	c->tables = kiln_arena_alloc(a, sizeof(kiln_plan_table) * (n_tables ? n_tables : 1));
+	c->pool = kiln_arena_alloc(a, sizeof(kiln_plan_pool));
+	uint64_t *hashes = kiln_arena_alloc(a, sizeof(uint64_t) * (n_tables ? n_tables : 1));
+	int32_t *distinct = kiln_arena_alloc(a, sizeof(int32_t) * (n_tables ? n_tables : 1));
+	uint8_t *actions = kiln_arena_alloc(a, KILN_PLAN_MAX_UNITS);
+	if (!c->tables || !c->pool || !hashes || !distinct || !actions)
+		return -1;
+	int32_t n_distinct = 0;
+	kiln_option_flags flags = {.offload = true, .collective_recompute = false};
+
+	for (int32_t s = 0; s < c->n_sets; s++) {
+		const kiln_unit_set *set = &c->sets[s];
+		for (int32_t b = 0; b < c->n_buckets; b++) {
+			size_t ti = (size_t)s * (size_t)c->n_buckets + (size_t)b;
+			kiln_plan_table *t = &c->tables[ti];
+			t->set = set;
+			t->load_factor = c->buckets[b];
+			t->n = set->kind == KILN_LAYER_MOE ? t->load_factor * balanced_n(c, set) : 0;
+			if (kiln_pass_options(c->graph, set, t->n, &flags, a, &t->instance) != 0)
+				return -1;
+			hashes[ti] = instance_hash(&t->instance);
+			int32_t same = -1;
+			for (int32_t d = 0; d < n_distinct && same < 0; d++) {
+				const kiln_plan_table *o = &c->tables[distinct[d]];
+				if (hashes[distinct[d]] == hashes[ti] &&
+				    instance_equal(&o->instance, &t->instance))
+					same = d;
+			}
+			if (same >= 0) {
+				t->frontier = c->tables[distinct[same]].frontier;
+				t->frontier_id = same;
+			} else {
+				kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
+				if (!f)
+					return -1;
+				int rc = c->solver == KILN_SOLVER_MILP
+				             ? kiln_cost_frontier_milp(&t->instance, a, f)
+				             : kiln_cost_frontier_dp(&t->instance, a, f);
+				if (rc != 0)
+					return -1;
+				t->frontier = f;
+				t->frontier_id = n_distinct;
+				distinct[n_distinct++] = (int32_t)ti;
+			}
+			int32_t np = t->frontier->n_points;
+			t->bytes = kiln_arena_alloc(a, sizeof(kiln_plan_bytes) * (size_t)np);
+			t->plan = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)np);
+			if (!t->bytes || !t->plan)
+				return -1;
+			for (int32_t p = 0; p < np; p++) {
+				kiln_plan_actions(&t->instance, &t->frontier->points[p], actions);
+				kiln_plan_bytes_at(set, actions, t->n, &t->bytes[p]);
+				if ((t->plan[p] = kiln_plan_pool_add(c->pool, a, set, actions)) < 0)
+					return -1;
+			}
+		}
+	}
+	c->pool->n_frontiers = n_distinct;
+	return 0;
+}

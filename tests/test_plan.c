@@ -1,0 +1,339 @@
+/* tests/test_plan.c: plan tables, budgets, the safety bound and baselines
+ * (passes/plan.c, passes/budget.c, passes/baselines.c) on the shipped models. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codegen/codegen.h"
+#include "frontend/frontend.h"
+#include "kiln_test.h"
+#include "passes/passes.h"
+
+static const char *const MODELS[] = {
+	"examples/models/tiny.yaml",          "examples/models/deepseek-v3-671b.yaml",
+	"examples/models/kimi-k2-1t.yaml",    "examples/models/qwen3-235b-a22b.yaml",
+	"examples/models/mixtral-8x22b.yaml", "examples/models/custom-moe-188b.yaml",
+	"examples/models/llama3-8b-dense.yaml",
+};
+#define N_MODELS (sizeof MODELS / sizeof MODELS[0])
+
+static kiln_compilation compile_model(const char *rel, kiln_solver solver, kiln_arena **out_a)
+{
+	kiln_arena *a = kiln_arena_new();
+	cr_assert_not_null(a);
+	kiln_model *m = NULL;
+	cr_assert_eq(kiln_frontend_load_file(kt_src(rel), a, stderr, &m), 0, "%s", rel);
+	kiln_compilation c = {.model = m, .arena = a, .solver = solver};
+	cr_assert_eq(kiln_pipeline_compile(&c, NULL, NULL, NULL, stderr), 0, "%s", rel);
+	*out_a = a;
+	return c;
+}
+
+static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
+{
+	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
+}
+
+Test(plan, buckets_are_fine_near_one_and_end_at_max_factor)
+{
+	kiln_arena *a = kiln_arena_new();
+	double *e;
+	int32_t n;
+	cr_assert_eq(kiln_plan_buckets(3.0, a, &e, &n), 0);
+	/* 0.25 0.5 0.75 0.9 1.0 | 1.05 .. 1.5 (10) | 1.6 .. 2.9 (14) | 3.0 */
+	cr_assert_eq(n, 5 + 10 + 14 + 1);
+	cr_assert_float_eq(e[4], 1.0, 1e-12);
+	cr_assert_float_eq(e[5], 1.05, 1e-12);
+	cr_assert_float_eq(e[n - 1], 3.0, 1e-12);
+	for (int32_t i = 1; i < n; i++)
+		cr_assert(e[i] > e[i - 1]);
+	cr_assert_eq(kiln_plan_bucket_of(e, n, 0.0), 0);
+	cr_assert_eq(kiln_plan_bucket_of(e, n, 1.0), 4);
+	cr_assert_eq(kiln_plan_bucket_of(e, n, 1.01), 5);
+	cr_assert_eq(kiln_plan_bucket_of(e, n, 3.0), n - 1);
+	cr_assert_eq(kiln_plan_bucket_of(e, n, 3.01), n);
+	/* max_factor 1: the table ends at 1.0. */
+	cr_assert_eq(kiln_plan_buckets(1.0, a, &e, &n), 0);
+	cr_assert_eq(n, 5);
+	cr_assert_float_eq(e[n - 1], 1.0, 1e-12);
+	/* max_factor between edges becomes the last edge. */
+	cr_assert_eq(kiln_plan_buckets(1.23, a, &e, &n), 0);
+	cr_assert_float_eq(e[n - 1], 1.23, 1e-12);
+	cr_assert_float_eq(e[n - 2], 1.2, 1e-12);
+	kiln_arena_free(a);
+}
+
+/* Every frontier starts with keep-everything, is strictly monotone, and
+ * every plan on it is valid under source tracking. */
+Test(plan, frontiers_are_monotone_and_valid, .timeout = 120)
+{
+	for (size_t mi = 0; mi < N_MODELS; mi++) {
+		kiln_arena *a;
+		kiln_compilation c = compile_model(MODELS[mi], KILN_SOLVER_DP, &a);
+		for (int32_t s = 0; s < c.n_sets; s++)
+			for (int32_t b = 0; b < c.n_buckets; b++) {
+				const kiln_plan_table *t = table(&c, s, b);
+				const kiln_frontier *f = t->frontier;
+				cr_assert(f->n_points >= 1);
+				cr_assert_eq(f->points[0].saved_q, 0);
+				cr_assert_eq(f->points[0].exposed_us, 0.0);
+				cr_assert_eq(t->bytes[0].saved, 0.0, "%s", MODELS[mi]);
+				const uint8_t *keep = c.pool->actions[t->plan[0]];
+				for (int32_t u = 0; u < t->set->n_units; u++)
+					cr_assert_eq(keep[u], KILN_ACT_KEEP);
+				for (int32_t p = 0; p < f->n_points; p++) {
+					cr_assert_eq(kiln_plan_valid(t->set, c.pool->actions[t->plan[p]]), 0,
+					             "%s set %d bucket %d point %d", MODELS[mi], s, b, p);
+					if (p == 0)
+						continue;
+					cr_assert(f->points[p].saved_q > f->points[p - 1].saved_q);
+					/* points[1] may tie keep-all at 0 when a saving is free
+					 * (docs/cost-model.md, "Solvers"); from there on strictly
+					 * dearer. */
+					if (p == 1)
+						cr_assert(f->points[p].exposed_us >= 0);
+					else
+						cr_assert(f->points[p].exposed_us > f->points[p - 1].exposed_us);
+					/* Quantisation only ever under-claims the saving. */
+					cr_assert(t->bytes[p].saved >=
+					          (double)f->points[p].saved_q * (double)t->instance.quantum_bytes);
+				}
+			}
+		kiln_arena_free(a);
+	}
+}
+
+/* A plan chosen at a bucket's upper edge for a given free memory fits at
+ * every load inside the bucket: saved(r) >= keep_all(r) - free. */
+Test(plan, a_bucket_plan_fits_every_load_inside_its_bucket, .timeout = 120)
+{
+	unsigned seed = 7;
+	for (size_t mi = 0; mi < N_MODELS; mi++) {
+		kiln_arena *a;
+		kiln_compilation c = compile_model(MODELS[mi], KILN_SOLVER_DP, &a);
+		for (int32_t s = 0; s < c.n_sets; s++) {
+			const kiln_unit_set *set = &c.sets[s];
+			if (set->kind != KILN_LAYER_MOE)
+				continue;
+			double nb = c.graph->layers[set->layer].n_balanced;
+			for (int32_t b = 0; b < c.n_buckets; b++) {
+				const kiln_plan_table *t = table(&c, s, b);
+				double lo = b ? c.buckets[b - 1] : 0.0, hi = c.buckets[b];
+				double keep_hi = t->bytes[0].resident;
+				for (int k = 0; k < 20; k++) {
+					seed = seed * 1103515245u + 12345u;
+					double free_bytes = keep_hi * ((seed >> 8) % 1000) / 1000.0;
+					/* The runtime's rule: the first point saving enough at hi. */
+					int32_t p = 0;
+					while (p < t->frontier->n_points && t->bytes[p].saved < keep_hi - free_bytes)
+						p++;
+					if (p == t->frontier->n_points)
+						continue; /* nothing fits: flagged over budget */
+					seed = seed * 1103515245u + 12345u;
+					double r = lo + (hi - lo) * (((seed >> 8) % 1000) + 1) / 1000.0;
+					kiln_plan_bytes at, keep;
+					uint8_t all_keep[KILN_PLAN_MAX_UNITS] = {0};
+					kiln_plan_bytes_at(set, c.pool->actions[t->plan[p]], r * nb, &at);
+					kiln_plan_bytes_at(set, all_keep, r * nb, &keep);
+					cr_assert(at.saved >= keep.resident - free_bytes - 1e-6 * keep.resident,
+					          "%s set %d r %g: saved %g < need %g", MODELS[mi], s, r,
+					          at.saved, keep.resident - free_bytes);
+				}
+			}
+		}
+		kiln_arena_free(a);
+	}
+}
+
+/* At the reported factor the maximal-saving plan fits the budget; one bucket
+ * above, no combination of frontier points does. */
+Test(plan, safety_bound_is_exact, .timeout = 120)
+{
+	for (size_t mi = 0; mi < N_MODELS; mi++) {
+		kiln_arena *a;
+		kiln_compilation c = compile_model(MODELS[mi], KILN_SOLVER_DP, &a);
+		for (int32_t st = 0; st < c.graph->n_stages; st++) {
+			const kiln_stage_budget *bu = &c.budgets[st];
+			if (!bu->steady_fits)
+				continue;
+			int32_t first = -1, n = 0;
+			for (int32_t i = 0; i < c.n_sets; i++)
+				if (c.sets[i].stage == st) {
+					if (first < 0)
+						first = i;
+					n++;
+				}
+			cr_assert(n >= 1 && n <= 2);
+			int32_t b = bu->safety_factor > 0
+			                ? kiln_plan_bucket_of(c.buckets, c.n_buckets, bu->safety_factor)
+			                : -1;
+			if (b >= 0) {
+				/* Some combination fits at the bound (the max-saving one). */
+				bool fits = false;
+				int32_t pts[2] = {0, 0};
+				int32_t n0 = table(&c, first, b)->frontier->n_points;
+				int32_t n1 = n > 1 ? table(&c, first + 1, b)->frontier->n_points : 1;
+				for (pts[0] = 0; pts[0] < n0 && !fits; pts[0]++)
+					for (pts[1] = 0; pts[1] < n1 && !fits; pts[1]++) {
+						double tr, res = kiln_budget_stage_bytes(&c, st, b, pts, &tr);
+						fits = res + tr <= bu->budget_bytes;
+					}
+				cr_assert(fits, "%s stage %d: nothing fits at its bound %g", MODELS[mi], st,
+				          bu->safety_factor);
+			}
+			if (b + 1 < c.n_buckets) {
+				int32_t nb = b + 1;
+				int32_t pts[2] = {0, 0};
+				int32_t n0 = table(&c, first, nb)->frontier->n_points;
+				int32_t n1 = n > 1 ? table(&c, first + 1, nb)->frontier->n_points : 1;
+				for (pts[0] = 0; pts[0] < n0; pts[0]++)
+					for (pts[1] = 0; pts[1] < n1; pts[1]++) {
+						double tr, res = kiln_budget_stage_bytes(&c, st, nb, pts, &tr);
+						cr_assert(res + tr > bu->budget_bytes,
+						          "%s stage %d: a plan fits above the bound %g", MODELS[mi],
+						          st, bu->safety_factor);
+					}
+			}
+		}
+		kiln_arena_free(a);
+	}
+}
+
+/* The DP's frontier agrees with the exact MILP on the shipped models'
+ * instances (a sample of buckets and saving targets per unit set). */
+Test(plan, dp_matches_milp_on_shipped_models, .timeout = 300)
+{
+	for (size_t mi = 0; mi < N_MODELS; mi++) {
+		kiln_arena *a;
+		kiln_compilation c = compile_model(MODELS[mi], KILN_SOLVER_DP, &a);
+		int32_t buckets[] = {1, kiln_plan_bucket_of(c.buckets, c.n_buckets, 1.0),
+		                     kiln_plan_bucket_of(c.buckets, c.n_buckets, 1.5), c.n_buckets - 1};
+		for (int32_t s = 0; s < c.n_sets; s++)
+			for (size_t bi = 0; bi < sizeof buckets / sizeof buckets[0]; bi++) {
+				const kiln_plan_table *t = table(&c, s, buckets[bi]);
+				const kiln_frontier *f = t->frontier;
+				uint32_t max_q = f->points[f->n_points - 1].saved_q;
+				for (int k = 0; k <= 4; k++) {
+					uint32_t target = (uint32_t)((uint64_t)max_q * (uint64_t)k / 4);
+					int32_t p = 0;
+					while (f->points[p].saved_q < target)
+						p++;
+					kiln_plan_point mp;
+					cr_assert_eq(kiln_cost_solve_milp(&t->instance, target, a, &mp), 0,
+					             "%s set %d: MILP failed at %u", MODELS[mi], s, target);
+					double dp = f->points[p].exposed_us, milp = mp.exposed_us;
+					cr_assert(fabs(dp - milp) <= 1e-3 * fmax(dp, milp) + 1e-6,
+					          "%s set %d bucket %d target %u: dp %g milp %g", MODELS[mi], s,
+					          buckets[bi], target, dp, milp);
+				}
+				/* One quantum beyond the maximum is infeasible for both. */
+				kiln_plan_point mp;
+				cr_assert_eq(kiln_cost_solve_milp(&t->instance, max_q + 1, a, &mp), 1);
+			}
+		kiln_arena_free(a);
+	}
+}
+
+Test(plan, pool_holds_distinct_plans)
+{
+	kiln_arena *a;
+	kiln_compilation c = compile_model("examples/models/deepseek-v3-671b.yaml", KILN_SOLVER_DP, &a);
+	for (int32_t i = 0; i < c.pool->n; i++)
+		for (int32_t j = i + 1; j < c.pool->n; j++)
+			if (c.pool->set[i]->kind == c.pool->set[j]->kind &&
+			    c.pool->set[i]->n_units == c.pool->set[j]->n_units)
+				cr_assert(memcmp(c.pool->actions[i], c.pool->actions[j],
+				                 (size_t)c.pool->set[i]->n_units) != 0,
+				          "plans %d and %d are equal", i, j);
+	/* 16 stages share frontiers: far fewer distinct frontiers than tables. */
+	cr_assert(c.pool->n_frontiers < c.n_sets * c.n_buckets / 4, "%d distinct of %d",
+	          c.pool->n_frontiers, c.n_sets * c.n_buckets);
+	kiln_arena_free(a);
+}
+
+Test(plan, baselines_follow_their_rules)
+{
+	for (size_t mi = 0; mi < N_MODELS; mi++) {
+		kiln_arena *a;
+		kiln_compilation c = compile_model(MODELS[mi], KILN_SOLVER_DP, &a);
+		for (int32_t i = 0; i < c.n_sets; i++) {
+			const kiln_unit_set *set = &c.sets[i];
+			const uint8_t *full = c.pool->actions[c.baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[i]];
+			const uint8_t *agg = c.pool->actions[c.baselines[KILN_BASELINE_STATIC_AGGRESSIVE].plan[i]];
+			const uint8_t *ada = c.pool->actions[c.baselines[KILN_BASELINE_ADAPIPE].plan[i]];
+			for (int32_t u = 0; u < set->n_units; u++) {
+				bool input = set->units[u].flags & KILN_UNIT_LAYER_INPUT;
+				kiln_op_kind pk = c.graph->ops[set->units[u].producer].kind;
+				/* Full recompute keeps only the layer input. */
+				cr_assert_eq(full[u], input ? KILN_ACT_KEEP : KILN_ACT_RECOMPUTE, "%s %s",
+				             MODELS[mi], set->units[u].name);
+				/* Static aggressive recomputes the norms' outputs only. */
+				bool norm = pk == KILN_OP_NORM || pk == KILN_OP_Q_NORM || pk == KILN_OP_KV_NORM;
+				cr_assert_eq(agg[u], norm && !input ? KILN_ACT_RECOMPUTE : KILN_ACT_KEEP);
+				/* AdaPipe never offloads. */
+				cr_assert_neq(ada[u], KILN_ACT_OFFLOAD);
+			}
+		}
+		kiln_arena_free(a);
+	}
+}
+
+Test(plan, compile_json_lists_every_stage_and_plan)
+{
+	kt_run r = kt_kilnc((const char *const[]){"compile", kt_src("examples/models/qwen3-235b-a22b.yaml"),
+	                                          "--json", NULL},
+	                    NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kiln_json *doc = kiln_json_parse(r.out, r.out_len);
+	cr_assert_not_null(doc);
+	const kiln_json *stages = kiln_json_get(doc, "stages");
+	cr_assert_eq(kiln_json_size(stages), 8);
+	int n_plans = kiln_json_size(kiln_json_get(doc, "plans"));
+	cr_assert(n_plans > 1);
+	for (int s = 0; s < 8; s++) {
+		const kiln_json *st = kiln_json_at(stages, s);
+		cr_assert(kiln_json_number(kiln_json_get(st, "safety_factor")) >= 3.0);
+		const kiln_json *kinds = kiln_json_get(st, "layer_kinds");
+		for (int k = 0; k < kiln_json_size(kinds); k++) {
+			const kiln_json *bk = kiln_json_get(kiln_json_at(kinds, k), "buckets");
+			for (int b = 0; b < kiln_json_size(bk); b++) {
+				const kiln_json *pts = kiln_json_get(kiln_json_at(bk, b), "points");
+				for (int p = 0; p < kiln_json_size(pts); p++) {
+					double id = kiln_json_number(kiln_json_get(kiln_json_at(pts, p), "plan"));
+					cr_assert(id >= 0 && id < n_plans);
+				}
+			}
+		}
+	}
+	cr_assert_eq(kiln_json_size(kiln_json_get(doc, "baselines")), 4);
+	kiln_json_free(doc);
+	kt_run_free(&r);
+}
+
+Test(plan, infeasible_max_factor_exits_3_naming_stages)
+{
+	/* tiny with 5 MiB of memory (4 MiB usable): the static bytes alone are
+	 * over 3 MiB per stage, so a 3x spike cannot fit on either stage. */
+	FILE *f = fopen(kt_src("examples/models/tiny.yaml"), "r");
+	cr_assert_not_null(f);
+	char text[8192];
+	size_t len = fread(text, 1, sizeof text - 1, f);
+	fclose(f);
+	text[len] = '\0';
+	char *mem = strstr(text, "memory_gib:");
+	cr_assert_not_null(mem);
+	char *eol = strchr(mem, '\n');
+	char out[8192];
+	snprintf(out, sizeof out, "%.*smemory_gib: 0.0048828125%s", (int)(mem - text), text, eol);
+	char *path = kt_temp_file(".yaml", out, strlen(out));
+	kt_run r = kt_kilnc((const char *const[]){"compile", path, NULL}, NULL);
+	cr_assert_eq(r.status, 3, "status %d: %s", r.status, r.err);
+	cr_assert_not_null(strstr(r.err, "load.max_factor 3 does not fit"), "%s", r.err);
+	cr_assert_not_null(strstr(r.err, "stage 0"), "%s", r.err);
+	cr_assert_eq(r.out_len, 0);
+	unlink(path);
+	free(path);
+	kt_run_free(&r);
+}
