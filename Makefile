@@ -35,7 +35,8 @@ test-plain: build
 
 test-asan: build-asan
 	@echo "== tests (ASan + UBSan build)"
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
+		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		./$(BUILD_SAN)/kiln_tests --jobs $(JOBS)
 
 bench: build

@@ -86,10 +86,9 @@ void kiln_plans_text(const kiln_compilation *c, FILE *out)
 		        "max saving at %.3g: %.1f%% of %.2f MiB for %.2f ms\n",
 		        set->stage, kiln_ir_layer_kind_name(set->kind), set->n_layers, set->n_units,
 		        t1->frontier->n_points, tm->load_factor, tm->frontier->n_points, tm->load_factor,
-		        100.0 * tm->bytes[tm->frontier->n_points - 1].saved /
-		            fmax(1.0, tm->bytes[0].resident),
+		        100.0 * tm->bytes[tm->n_points - 1].saved / fmax(1.0, tm->bytes[0].resident),
 		        tm->bytes[0].resident / 1048576.0,
-		        tm->frontier->points[tm->frontier->n_points - 1].exposed_us / 1e3);
+		        kiln_plan_table_exposed_us(tm, tm->n_points - 1) / 1e3);
 	}
 	fprintf(out, "\nbaselines:\n");
 	for (int k = 0; k < KILN_BASELINE_COUNT; k++)
@@ -158,8 +157,9 @@ kiln_json *kiln_plans_json(const kiln_compilation *c)
 				kiln_json_add_number(tj, "rows", t->n);
 				kiln_json_add_number(tj, "frontier", t->frontier_id);
 				kiln_json *pts = kiln_json_add_array(tj, "points");
-				for (int32_t p = 0; p < t->frontier->n_points; p++) {
-					const kiln_plan_point *pt = &t->frontier->points[p];
+				kiln_json_add_number(tj, "frontier_points", t->frontier->n_points);
+				for (int32_t p = 0; p < t->n_points; p++) {
+					const kiln_plan_point *pt = &t->frontier->points[t->point[p]];
 					kiln_json *pj = kiln_json_add_object(pts, NULL);
 					kiln_json_add_number(pj, "saved_bytes", t->bytes[p].saved);
 					kiln_json_add_number(pj, "resident_bytes", t->bytes[p].resident);

@@ -91,6 +91,7 @@ typedef struct fixed_plan {
 	kiln_frontier f;
 	kiln_plan_point p;
 	kiln_plan_bytes b;
+	int32_t point;
 } fixed_plan;
 
 static void fixed_table(const kiln_compilation *c, const kiln_unit_set *set, const uint8_t *actions,
@@ -103,6 +104,8 @@ static void fixed_table(const kiln_compilation *c, const kiln_unit_set *set, con
 	out->f.n_points = 1;
 	out->t.set = set;
 	out->t.frontier = &out->f;
+	out->t.n_points = 1;
+	out->t.point = &out->point;
 	out->t.bytes = &out->b;
 }
 
@@ -192,19 +195,15 @@ int kiln_pass_baselines(kiln_compilation *c)
 			    kiln_cost_frontier_dp(&t->instance, a, f) != 0)
 				return -1;
 			t->frontier = f;
-			t->bytes = kiln_arena_alloc(a, sizeof(kiln_plan_bytes) * (size_t)f->n_points);
-			if (!t->bytes)
+			if (kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, NULL, a) != 0)
 				return -1;
-			for (int32_t p = 0; p < f->n_points; p++) {
-				kiln_plan_actions(&t->instance, &f->points[p], act);
-				kiln_plan_bytes_at(set, act, t->n, &t->bytes[p]);
-			}
 			tabs[n++] = t;
 		}
 		kiln_budget_cheapest_fit(tabs, n, bu->fixed_bytes, bu->inflight,
 		                         bu->capacity_bytes - bu->static_bytes, 0, pts);
 		for (int32_t k = 0; k < n; k++) {
-			kiln_plan_actions(&tabs[k]->instance, &tabs[k]->frontier->points[pts[k]], act);
+			kiln_plan_actions(&tabs[k]->instance,
+			                  &tabs[k]->frontier->points[tabs[k]->point[pts[k]]], act);
 			int32_t id = kiln_plan_pool_add(c->pool, a, tabs[k]->set, act);
 			if (id < 0)
 				return -1;

@@ -53,7 +53,7 @@ static double fixed_bytes(const kiln_compilation *c, int32_t s)
 static int32_t max_saving_point(const kiln_plan_table *t)
 {
 	int32_t best = 0;
-	for (int32_t p = 1; p < t->frontier->n_points; p++)
+	for (int32_t p = 1; p < t->n_points; p++)
 		if (t->bytes[p].saved > t->bytes[best].saved)
 			best = p;
 	return best;
@@ -77,7 +77,7 @@ static double choice_cost(const kiln_plan_table *const *tables, int32_t n, const
 {
 	double cost = 0;
 	for (int32_t k = 0; k < n; k++)
-		cost += (double)tables[k]->set->n_layers * tables[k]->frontier->points[pts[k]].exposed_us;
+		cost += (double)tables[k]->set->n_layers * kiln_plan_table_exposed_us(tables[k], pts[k]);
 	return cost;
 }
 
@@ -104,7 +104,7 @@ int kiln_budget_cheapest_fit(const kiln_plan_table *const *tables, int32_t n, do
 			}
 		}
 		int32_t k = 0;
-		while (k < n && ++cur[k] == tables[k]->frontier->n_points)
+		while (k < n && ++cur[k] == tables[k]->n_points)
 			cur[k++] = 0;
 		if (k == n)
 			break;

@@ -42,12 +42,14 @@ static void dump_tables(const kiln_compilation *c, FILE *out)
 		for (int32_t b = 0; b < c->n_buckets; b++) {
 			const kiln_plan_table *t = &c->tables[(size_t)i * (size_t)c->n_buckets + (size_t)b];
 			const kiln_frontier *f = t->frontier;
-			fprintf(out, "plan stage %d %s load %.3g (N %.0f): frontier %d, %d points\n",
+			fprintf(out,
+			        "plan stage %d %s load %.3g (N %.0f): frontier %d, %d points, %d in the "
+			        "table\n",
 			        set->stage, kiln_ir_layer_kind_name(set->kind), t->load_factor, t->n,
-			        t->frontier_id, f->n_points);
-			for (int32_t p = 0; p < f->n_points; p++) {
+			        t->frontier_id, f->n_points, t->n_points);
+			for (int32_t p = 0; p < t->n_points; p++) {
 				fprintf(out, "  saved %.0f exposed %.3f us plan %d:", t->bytes[p].saved,
-				        f->points[p].exposed_us, t->plan[p]);
+				        kiln_plan_table_exposed_us(t, p), t->plan[p]);
 				const uint8_t *act = c->pool->actions[t->plan[p]];
 				for (int32_t u = 0; u < set->n_units; u++)
 					if (act[u] != KILN_ACT_KEEP)

@@ -158,20 +158,38 @@ int kiln_plan_buckets(double max_factor, kiln_arena *a, double **out_edges, int3
  * the last edge. */
 int32_t kiln_plan_bucket_of(const double *edges, int32_t n, double r);
 
+/* Table points per frontier: the exact frontier can hold a thousand points;
+ * the table keeps the cheapest point at each 1/64 step of the maximal
+ * saving, plus keep-all and the maximal-saving point. */
+#define KILN_PLAN_TABLE_STEPS 64
+
 /* The plan table of one (unit set, bucket): its instance at the bucket's
- * upper load, its frontier, and per frontier point the exact bytes at that
- * load and the pool index of its per-unit actions. Tables with identical
- * instances share the frontier. */
+ * upper load, its exact frontier (shared by tables with identical
+ * instances), and the table points drawn from it, each with its exact bytes
+ * at that load and the pool index of its per-unit actions. */
 struct kiln_plan_table {
 	const kiln_unit_set *set;
 	double load_factor; /* the bucket's upper edge */
 	double n;           /* local expert rows at that load (0 for dense layers) */
 	kiln_plan_instance instance;
 	const kiln_frontier *frontier;
-	int32_t frontier_id;  /* index among the distinct frontiers */
-	kiln_plan_bytes *bytes; /* per point, exact at n */
-	int32_t *plan;          /* per point, index into the pool */
+	int32_t frontier_id;    /* index among the distinct frontiers */
+	int32_t n_points;       /* table points, ascending saving */
+	int32_t *point;         /* per table point: index into frontier->points */
+	kiln_plan_bytes *bytes; /* per table point, exact at n */
+	int32_t *plan;          /* per table point: index into the pool, or -1 without a pool */
 };
+
+/* Exposed time of table point p. */
+static inline double kiln_plan_table_exposed_us(const kiln_plan_table *t, int32_t p)
+{
+	return t->frontier->points[t->point[p]].exposed_us;
+}
+
+/* Fills t's table points from t->frontier (steps: table points per maximal
+ * saving; 0 keeps every frontier point), with exact bytes at t->n and, when
+ * pool is set, pool indices. Returns 0 or -1 on exhaustion. */
+int kiln_plan_table_fill(kiln_plan_table *t, int32_t steps, kiln_plan_pool *pool, kiln_arena *a);
 
 /* The distinct per-unit action vectors of every frontier point and baseline. */
 struct kiln_plan_pool {

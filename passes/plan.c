@@ -186,6 +186,45 @@ static double balanced_n(const kiln_compilation *c, const kiln_unit_set *set)
 	return c->graph->layers[set->layer].n_balanced;
 }
 
+int kiln_plan_table_fill(kiln_plan_table *t, int32_t steps, kiln_plan_pool *pool, kiln_arena *a)
+{
+	const kiln_frontier *f = t->frontier;
+	int32_t cap = steps > 0 && steps + 1 < f->n_points ? steps + 1 : f->n_points;
+	t->point = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)cap);
+	t->bytes = kiln_arena_alloc(a, sizeof(kiln_plan_bytes) * (size_t)cap);
+	t->plan = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)cap);
+	uint8_t *actions = kiln_arena_alloc(a, (size_t)t->set->n_units + 1);
+	if (!t->point || !t->bytes || !t->plan || !actions)
+		return -1;
+	/* Point 0 (keep-all), then for each step the cheapest point saving at
+	 * least step / steps of the maximum; the last step is the maximum. */
+	int32_t n = 0;
+	if (cap == f->n_points) {
+		for (int32_t p = 0; p < f->n_points; p++)
+			t->point[n++] = p;
+	} else {
+		uint64_t max_q = f->points[f->n_points - 1].saved_q;
+		t->point[n++] = 0;
+		int32_t p = 0;
+		for (int32_t k = 1; k <= steps; k++) {
+			uint64_t want = (max_q * (uint64_t)k + (uint64_t)steps - 1) / (uint64_t)steps;
+			while (p < f->n_points - 1 && f->points[p].saved_q < want)
+				p++;
+			if (p > t->point[n - 1])
+				t->point[n++] = p;
+		}
+	}
+	t->n_points = n;
+	for (int32_t i = 0; i < n; i++) {
+		kiln_plan_actions(&t->instance, &f->points[t->point[i]], actions);
+		kiln_plan_bytes_at(t->set, actions, t->n, &t->bytes[i]);
+		t->plan[i] = -1;
+		if (pool && (t->plan[i] = kiln_plan_pool_add(pool, a, t->set, actions)) < 0)
+			return -1;
+	}
+	return 0;
+}
+
 int kiln_pass_plan(kiln_compilation *c)
 {
 	kiln_arena *a = c->arena;
@@ -196,8 +235,7 @@ int kiln_pass_plan(kiln_compilation *c)
 	c->pool = kiln_arena_alloc(a, sizeof(kiln_plan_pool));
 	uint64_t *hashes = kiln_arena_alloc(a, sizeof(uint64_t) * (n_tables ? n_tables : 1));
 	int32_t *distinct = kiln_arena_alloc(a, sizeof(int32_t) * (n_tables ? n_tables : 1));
-	uint8_t *actions = kiln_arena_alloc(a, KILN_PLAN_MAX_UNITS);
-	if (!c->tables || !c->pool || !hashes || !distinct || !actions)
+	if (!c->tables || !c->pool || !hashes || !distinct)
 		return -1;
 	int32_t n_distinct = 0;
 	kiln_option_flags flags = {.offload = true, .collective_recompute = false};
@@ -236,17 +274,8 @@ int kiln_pass_plan(kiln_compilation *c)
 				t->frontier_id = n_distinct;
 				distinct[n_distinct++] = (int32_t)ti;
 			}
-			int32_t np = t->frontier->n_points;
-			t->bytes = kiln_arena_alloc(a, sizeof(kiln_plan_bytes) * (size_t)np);
-			t->plan = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)np);
-			if (!t->bytes || !t->plan)
+			if (kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, c->pool, a) != 0)
 				return -1;
-			for (int32_t p = 0; p < np; p++) {
-				kiln_plan_actions(&t->instance, &t->frontier->points[p], actions);
-				kiln_plan_bytes_at(set, actions, t->n, &t->bytes[p]);
-				if ((t->plan[p] = kiln_plan_pool_add(c->pool, a, set, actions)) < 0)
-					return -1;
-			}
 		}
 	}
 	c->pool->n_frontiers = n_distinct;

@@ -79,26 +79,32 @@ Test(plan, frontiers_are_monotone_and_valid, .timeout = 120)
 				cr_assert(f->n_points >= 1);
 				cr_assert_eq(f->points[0].saved_q, 0);
 				cr_assert_eq(f->points[0].exposed_us, 0.0);
-				cr_assert_eq(t->bytes[0].saved, 0.0, "%s", MODELS[mi]);
-				const uint8_t *keep = c.pool->actions[t->plan[0]];
-				for (int32_t u = 0; u < t->set->n_units; u++)
-					cr_assert_eq(keep[u], KILN_ACT_KEEP);
-				for (int32_t p = 0; p < f->n_points; p++) {
-					cr_assert_eq(kiln_plan_valid(t->set, c.pool->actions[t->plan[p]]), 0,
-					             "%s set %d bucket %d point %d", MODELS[mi], s, b, p);
-					if (p == 0)
-						continue;
+				for (int32_t p = 1; p < f->n_points; p++) {
 					cr_assert(f->points[p].saved_q > f->points[p - 1].saved_q);
 					/* points[1] may tie keep-all at 0 when a saving is free
 					 * (docs/cost-model.md, "Solvers"); from there on strictly
 					 * dearer. */
-					if (p == 1)
-						cr_assert(f->points[p].exposed_us >= 0);
-					else
+					if (p > 1)
 						cr_assert(f->points[p].exposed_us > f->points[p - 1].exposed_us);
+				}
+				/* The table: keep-all first, the maximal saving last, at
+				 * most one point per 1/64 step, each a frontier point. */
+				cr_assert_eq(t->point[0], 0);
+				cr_assert_eq(t->point[t->n_points - 1], f->n_points - 1);
+				cr_assert_leq(t->n_points, KILN_PLAN_TABLE_STEPS + 1);
+				cr_assert_eq(t->bytes[0].saved, 0.0, "%s", MODELS[mi]);
+				const uint8_t *keep = c.pool->actions[t->plan[0]];
+				for (int32_t u = 0; u < t->set->n_units; u++)
+					cr_assert_eq(keep[u], KILN_ACT_KEEP);
+				for (int32_t p = 0; p < t->n_points; p++) {
+					cr_assert_eq(kiln_plan_valid(t->set, c.pool->actions[t->plan[p]]), 0,
+					             "%s set %d bucket %d point %d", MODELS[mi], s, b, p);
+					if (p > 0)
+						cr_assert(t->point[p] > t->point[p - 1]);
 					/* Quantisation only ever under-claims the saving. */
 					cr_assert(t->bytes[p].saved >=
-					          (double)f->points[p].saved_q * (double)t->instance.quantum_bytes);
+					          (double)f->points[t->point[p]].saved_q *
+					              (double)t->instance.quantum_bytes);
 				}
 			}
 		kiln_arena_free(a);
@@ -127,9 +133,9 @@ Test(plan, a_bucket_plan_fits_every_load_inside_its_bucket, .timeout = 120)
 					double free_bytes = keep_hi * ((seed >> 8) % 1000) / 1000.0;
 					/* The runtime's rule: the first point saving enough at hi. */
 					int32_t p = 0;
-					while (p < t->frontier->n_points && t->bytes[p].saved < keep_hi - free_bytes)
+					while (p < t->n_points && t->bytes[p].saved < keep_hi - free_bytes)
 						p++;
-					if (p == t->frontier->n_points)
+					if (p == t->n_points)
 						continue; /* nothing fits: flagged over budget */
 					seed = seed * 1103515245u + 12345u;
 					double r = lo + (hi - lo) * (((seed >> 8) % 1000) + 1) / 1000.0;
@@ -173,8 +179,8 @@ Test(plan, safety_bound_is_exact, .timeout = 120)
 				/* Some combination fits at the bound (the max-saving one). */
 				bool fits = false;
 				int32_t pts[2] = {0, 0};
-				int32_t n0 = table(&c, first, b)->frontier->n_points;
-				int32_t n1 = n > 1 ? table(&c, first + 1, b)->frontier->n_points : 1;
+				int32_t n0 = table(&c, first, b)->n_points;
+				int32_t n1 = n > 1 ? table(&c, first + 1, b)->n_points : 1;
 				for (pts[0] = 0; pts[0] < n0 && !fits; pts[0]++)
 					for (pts[1] = 0; pts[1] < n1 && !fits; pts[1]++) {
 						double tr, res = kiln_budget_stage_bytes(&c, st, b, pts, &tr);
@@ -186,8 +192,8 @@ Test(plan, safety_bound_is_exact, .timeout = 120)
 			if (b + 1 < c.n_buckets) {
 				int32_t nb = b + 1;
 				int32_t pts[2] = {0, 0};
-				int32_t n0 = table(&c, first, nb)->frontier->n_points;
-				int32_t n1 = n > 1 ? table(&c, first + 1, nb)->frontier->n_points : 1;
+				int32_t n0 = table(&c, first, nb)->n_points;
+				int32_t n1 = n > 1 ? table(&c, first + 1, nb)->n_points : 1;
 				for (pts[0] = 0; pts[0] < n0; pts[0]++)
 					for (pts[1] = 0; pts[1] < n1; pts[1]++) {
 						double tr, res = kiln_budget_stage_bytes(&c, st, nb, pts, &tr);
