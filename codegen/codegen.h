@@ -69,4 +69,31 @@ void kiln_plans_text(const struct kiln_compilation *c, FILE *out);
 /* The plan tables as one JSON document (keys in docs/cli.md). Caller frees. */
 kiln_json *kiln_plans_json(const struct kiln_compilation *c);
 
+/* ---------------------------------------------------------------- views */
+
+struct kiln_plan_schedule;
+
+/* trace.c: Chrome trace-event JSON (Perfetto, chrome://tracing) of the
+ * schedule's stage timelines: one process per stage, one thread per stream,
+ * one complete event per task, category = task kind (docs/schedule.md).
+ * Returns 0 or -1 (out of memory or a failed write). */
+int kiln_trace_write(const struct kiln_plan_schedule *s, FILE *out);
+
+/* svg.c: the same timelines as an SVG readable without a browser: a row per
+ * stage (a lane per stream), a time axis with units, a legend. Returns 0 or -1. */
+int kiln_svg_write(const struct kiln_plan_schedule *s, FILE *out);
+
+/* mlir.c (the one file that uses the MLIR C API): the lowered graph, units
+ * with their costs, frontiers and templates as MLIR in generic syntax with
+ * the unregistered `kiln` dialect (docs/mlir-dialect.md). The text is parsed
+ * back through the C API before it is written. Returns 0, or -1 with a
+ * message on err. */
+int kiln_mlir_emit(const struct kiln_compilation *c, FILE *out, FILE *err);
+
+/* Reads the schedule (templates and stage timelines) back from emitted MLIR
+ * text (len bytes, borrowed) into a-owned memory. Returns 0, or -1 with a
+ * message on err (bad MLIR, not kiln's, missing attributes). */
+int kiln_mlir_read_schedule(const char *text, size_t len, kiln_arena *a,
+                            struct kiln_plan_schedule *out, FILE *err);
+
 #endif

@@ -24,6 +24,7 @@ typedef struct kiln_plan_table kiln_plan_table;
 typedef struct kiln_stage_budget kiln_stage_budget;
 typedef struct kiln_baseline kiln_baseline;
 typedef struct kiln_plan_pool kiln_plan_pool;
+typedef struct kiln_plan_schedule kiln_plan_schedule;
 
 /* Everything one compilation produces, pass by pass. Arena-owned; fields are
  * NULL / 0 until the pass that fills them has run. */
@@ -39,6 +40,7 @@ typedef struct kiln_compilation {
 	int32_t n_buckets;
 	kiln_plan_table *tables; /* plan: n_sets * n_buckets, set-major */
 	kiln_plan_pool *pool;    /* plan: the distinct plans */
+	kiln_plan_schedule *schedule; /* interleave: templates and stage timelines */
 	kiln_stage_budget *budgets; /* budget: one per stage */
 	kiln_baseline *baselines;   /* baselines: KILN_BASELINE_COUNT */
 } kiln_compilation;
@@ -259,5 +261,98 @@ struct kiln_baseline {
 };
 
 const char *kiln_baseline_name(kiln_baseline_kind k);
+
+/* interleave.c
+ *
+ * Dual-batch interleaving (DESIGN.md section 8, docs/schedule.md). In 1F1B
+ * steady state a stage runs the forward of one micro-batch (chain 0) and the
+ * backward of another (chain 1) through each layer; a plan adds recompute
+ * chunks and reloads to the backward chain and offloads to the forward
+ * chain. A template is the merged order of both chains' tasks over four
+ * streams with predicted start and end times. */
+
+typedef enum {
+	KILN_STREAM_COMPUTE,
+	KILN_STREAM_COMM, /* TP collectives, EP all-to-all, pipeline transfers */
+	KILN_STREAM_D2H,  /* offloads */
+	KILN_STREAM_H2D,  /* reloads */
+	KILN_STREAM_COUNT
+} kiln_stream;
+
+typedef enum {
+	KILN_TASK_FORWARD,
+	KILN_TASK_BACKWARD,
+	KILN_TASK_RECOMPUTE,
+	KILN_TASK_COPY, /* offload or reload */
+	KILN_TASK_COMM, /* a collective, in either chain */
+	KILN_TASK_KIND_COUNT
+} kiln_task_kind;
+
+typedef struct kiln_task {
+	const char *name;    /* chunk name, e.g. "attn", "dispatch", "experts.bwd",
+	                        "recompute moe.expert_up", "offload moe.expert_in" */
+	kiln_task_kind kind;
+	kiln_stream stream;
+	int32_t chain;       /* 0: forward micro-batch, 1: backward micro-batch */
+	int32_t index;       /* position in its chain */
+	double duration_us;
+	double start_us, end_us; /* in the template; 0 = the template's start */
+	int32_t *deps;       /* tasks (indices in the template) that must end first */
+	int32_t n_deps;
+	double mem_bytes;    /* transient bytes held from start to the end of its consumer (reloads) */
+} kiln_task;
+
+typedef struct kiln_template {
+	int32_t stage;
+	kiln_layer_kind kind;
+	int32_t plan;        /* pool index of the plan class */
+	double load_factor;  /* the load its durations were taken at */
+	kiln_task *tasks;    /* in start order */
+	int32_t n_tasks;
+	double makespan_us;  /* interleaved */
+	double serial_us;    /* the plain serial order: chain 0, then chain 1 */
+	double base_us;      /* makespan of the keep-everything template at the same load */
+} kiln_template;
+
+/* The steady-state picture of one stage, for views: its layers in execution
+ * order, each running the template of its kind's steady plan. */
+typedef struct kiln_stage_timeline {
+	int32_t stage;
+	int32_t n_layers;
+	int32_t *layer;    /* model layer numbers */
+	int32_t *template_id; /* index into kiln_plan_schedule.templates */
+} kiln_stage_timeline;
+
+struct kiln_plan_schedule {
+	const char *model; /* name */
+	kiln_template *templates;
+	int32_t n_templates;
+	kiln_stage_timeline *stages;
+	int32_t n_stages;
+};
+
+/* The interleave pass: a template per plan class (pool plan) at the load of
+ * the first table using it, the schedule's stage timelines, and feedback:
+ * every table point's exposed time becomes its template's makespan minus
+ * base_us, and points a scheduled neighbour dominates leave the table.
+ * Returns 0 or -1. */
+int kiln_pass_interleave(kiln_compilation *c);
+
+/* Schedules two chains' tasks (tasks[0..n) with chain, index, stream,
+ * duration and deps filled) by the dynamic program; fills start_us, end_us,
+ * reorders tasks into start order (deps renumbered) and returns the makespan,
+ * or a negative value on failure. mem_limit_bytes bounds the reload buffers
+ * held at once (INFINITY: no bound). */
+double kiln_schedule_dp(kiln_task *tasks, int32_t n, double mem_limit_bytes, kiln_arena *a);
+/* The plain serial order (chain 0, then chain 1), same contract. */
+double kiln_schedule_serial(kiln_task *tasks, int32_t n, kiln_arena *a);
+/* Checks a scheduled template: deps end before dependents start, one task at
+ * a time per stream, chain order kept, reload memory within mem_limit_bytes.
+ * Returns 0, or -1 with one line per violation on err (may be NULL). */
+int kiln_schedule_verify(const kiln_task *tasks, int32_t n, double mem_limit_bytes, FILE *err);
+
+/* Names for views and docs. */
+const char *kiln_stream_name(kiln_stream s);
+const char *kiln_task_kind_name(kiln_task_kind k);
 
 #endif
