@@ -79,6 +79,13 @@ struct kiln_plan_schedule;
  * Returns 0 or -1 (out of memory or a failed write). */
 int kiln_trace_write(const struct kiln_plan_schedule *s, FILE *out);
 
+/* trace.c: the names both views show for a kiln_stream ("compute",
+ * "communication", "device-to-host", "host-to-device") and a kiln_task_kind
+ * ("forward", "backward", "recompute", "copy", "communication"); "?" out of
+ * range. Static strings. */
+const char *kiln_view_stream_name(int stream);
+const char *kiln_view_kind_name(int kind);
+
 /* svg.c: the same timelines as an SVG readable without a browser: a row per
  * stage (a lane per stream), a time axis with units, a legend. Returns 0 or -1. */
 int kiln_svg_write(const struct kiln_plan_schedule *s, FILE *out);

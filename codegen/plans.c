@@ -63,19 +63,23 @@ void kiln_plans_text(const kiln_compilation *c, FILE *out)
 	             "distinct plans, solver %s\n\n",
 	        m->name, c->n_sets, c->n_buckets, m->max_factor, c->pool->n_frontiers, c->pool->n,
 	        c->solver == KILN_SOLVER_MILP ? "milp" : "dp");
+	/* Small devices read better in MiB, as in the report. */
+	double unit = (m->hw.memory_gib - m->hw.reserved_gib) >= 1.0 ? 1073741824.0 : 1048576.0;
+	char u = unit > 1048576.0 ? 'G' : 'M';
 	fprintf(out, "%5s %9s %8s %10s %10s %10s %12s %7s\n", "stage", "capacity", "static",
 	        "inflight", "steady", "budget", "steady cost", "safety");
 	for (int32_t s = 0; s < c->graph->n_stages; s++) {
 		const kiln_stage_budget *b = &c->budgets[s];
-		fprintf(out, "%5d %8.2fG %7.2fG %10.3g %9.2fG %9.2fG %9.2f ms %6.3gx%s\n", s,
-		        b->capacity_bytes / 1073741824.0, b->static_bytes / 1073741824.0, b->inflight,
-		        b->steady_bytes / 1073741824.0, b->budget_bytes / 1073741824.0,
+		fprintf(out, "%5d %8.2f%c %7.2f%c %10.3g %9.2f%c %9.2f%c %9.2f ms %6.3gx%s\n", s,
+		        b->capacity_bytes / unit, u, b->static_bytes / unit, u, b->inflight,
+		        b->steady_bytes / unit, u, b->budget_bytes / unit, u,
 		        b->steady_exposed_us / 1e3, b->safety_factor,
 		        b->steady_fits ? "" : "  (steady state does not fit)");
 	}
 	fprintf(out, "\nsteady: what one in-flight micro-batch holds at load 1 under the cheapest plan "
-	             "that fits;\nbudget: what a deciding micro-batch may hold; safety: the largest "
-	             "load factor whose\nmaximal-saving plan fits the budget.\n\n");
+	             "that fits\nand leaves room for a spike; budget: what a deciding micro-batch may "
+	             "hold; safety: the\nlargest load factor (up to load.max_factor) whose "
+	             "maximal-saving plan fits the budget.\n\n");
 	for (int32_t i = 0; i < c->n_sets; i++) {
 		const kiln_unit_set *set = &c->sets[i];
 		int32_t b1 = kiln_plan_bucket_of(c->buckets, c->n_buckets, 1.0);

@@ -90,10 +90,12 @@ static int milp_intopt(glp_prob *P, int cuts)
 	int ret = glp_intopt(P, &parm);
 	if (ret == GLP_ENOPFS)
 		return 1;
-	if (ret != 0 && ret != GLP_ETMLIM)
+	/* A time-out, even with an incumbent, proves nothing: the MILP exists to
+	 * check the DP, so an unproven answer is a failure, not an optimum. */
+	if (ret != 0)
 		return -1;
 	int st = glp_mip_status(P);
-	if (st == GLP_OPT || st == GLP_FEAS)
+	if (st == GLP_OPT)
 		return 0;
 	if (st == GLP_NOFEAS)
 		return 1;

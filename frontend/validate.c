@@ -731,8 +731,8 @@ kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const 
 
 	check_model(v);
 	kiln_fe_field *mf = FLD(MAX_FACTOR);
-	if (mf->state == KILN_FE_ABSENT)
-		mf->f = 3.0;
+	if (mf->state == KILN_FE_ABSENT) /* a dense model's load never varies */
+		mf->f = FLD(MOE)->state == KILN_FE_ABSENT ? 1.0 : 3.0;
 	else if (mf->state == KILN_FE_SET && !(mf->f >= 1)) {
 		char msg[128];
 		snprintf(msg, sizeof(msg), "max_factor (%g) must be at least 1", mf->f);

@@ -49,27 +49,34 @@ static double fixed_bytes(const kiln_compilation *c, int32_t s)
 	return sum;
 }
 
-/* The point with the most exact saved bytes (the maximal-saving plan). */
-static int32_t max_saving_point(const kiln_plan_table *t)
+/* The point that keeps the fewest bytes resident. */
+static int32_t least_resident_point(const kiln_plan_table *t)
 {
 	int32_t best = 0;
 	for (int32_t p = 1; p < t->n_points; p++)
-		if (t->bytes[p].saved > t->bytes[best].saved)
+		if (t->bytes[p].resident < t->bytes[best].resident)
 			best = p;
 	return best;
 }
 
+/* Resident bytes of one micro-batch under the points pts, and the transient
+ * peak beside them: the layer in backward holds its rebuilt and reloaded
+ * units, and the reloads of the next layer to run backward may already be
+ * in flight (the copy window of options.c reaches into the previous
+ * layer's backward), so the worst transient plus the worst offloaded bytes. */
 static double choice_bytes(const kiln_plan_table *const *tables, int32_t n, double fixed,
                            const int32_t *pts, double *out_transient)
 {
-	double resident = fixed, transient = 0;
+	double resident = fixed, transient = 0, prefetch = 0;
 	for (int32_t k = 0; k < n; k++) {
 		const kiln_plan_bytes *b = &tables[k]->bytes[pts[k]];
 		resident += (double)tables[k]->set->n_layers * b->resident;
 		if (b->transient > transient)
 			transient = b->transient;
+		if (b->offloaded > prefetch)
+			prefetch = b->offloaded;
 	}
-	*out_transient = transient;
+	*out_transient = transient + prefetch;
 	return resident;
 }
 
@@ -112,8 +119,32 @@ int kiln_budget_cheapest_fit(const kiln_plan_table *const *tables, int32_t n, do
 	if (best < INFINITY)
 		return 0;
 	for (int32_t k = 0; k < n; k++)
-		out_points[k] = max_saving_point(tables[k]);
+		out_points[k] = least_resident_point(tables[k]);
 	return 1;
+}
+
+/* The smallest resident + transient of one micro-batch over every
+ * combination of table points (the maximal-saving plan of the stage), with
+ * the combination in out_points. Transient and prefetch are maxima across
+ * layer kinds, so the best combination is not always each kind's own best. */
+static double min_stage_bytes(const kiln_plan_table *const *tables, int32_t n, double fixed,
+                              int32_t *out_points)
+{
+	int32_t cur[8] = {0};
+	double best = INFINITY;
+	for (;;) {
+		double transient, resident = choice_bytes(tables, n, fixed, cur, &transient);
+		if (resident + transient < best) {
+			best = resident + transient;
+			memcpy(out_points, cur, sizeof(int32_t) * (size_t)n);
+		}
+		int32_t k = 0;
+		while (k < n && ++cur[k] == tables[k]->n_points)
+			cur[k++] = 0;
+		if (k == n)
+			break;
+	}
+	return best;
 }
 
 double kiln_budget_stage_bytes(const kiln_compilation *c, int32_t stage, int32_t bucket,
@@ -124,6 +155,32 @@ double kiln_budget_stage_bytes(const kiln_compilation *c, int32_t stage, int32_t
 	for (int32_t k = 0; k < n && k < 8; k++)
 		tabs[k] = table(c, first + k, bucket);
 	return choice_bytes(tabs, n < 8 ? n : 8, fixed_bytes(c, stage), pts, out_transient);
+}
+
+/* The views show the steady state: interleave ended the templates with one
+ * keep-everything template per unit set at load 1 (templates[n - n_sets +
+ * k] for set k), which the stage timelines use; now that the steady plans
+ * are known, each becomes the template of its set's steady plan. */
+static int steady_timelines(kiln_compilation *c, int32_t b1)
+{
+	kiln_plan_schedule *sc = c->schedule;
+	if (!sc || sc->n_templates < c->n_sets)
+		return 0;
+	int32_t base = sc->n_templates - c->n_sets;
+	for (int32_t s = 0; s < c->graph->n_stages; s++) {
+		int32_t first, n = stage_sets(c, s, &first);
+		for (int32_t k = 0; k < n; k++) {
+			const kiln_plan_table *t = table(c, first + k, b1);
+			int32_t plan = t->plan[c->budgets[s].steady_point[k]];
+			kiln_template *tpl = &sc->templates[base + first + k];
+			double base_us = tpl->base_us;
+			if (plan < 0 ||
+			    kiln_interleave_template(c, t, plan, c->pool->actions[plan], c->arena, tpl) != 0)
+				return -1;
+			tpl->base_us = base_us;
+		}
+	}
+	return 0;
 }
 
 int kiln_pass_budget(kiln_compilation *c)
@@ -155,11 +212,9 @@ int kiln_pass_budget(kiln_compilation *c)
 		double avail = bu->capacity_bytes - bu->static_bytes, transient;
 		/* What a spike to max_factor needs at the least: the maximal-saving
 		 * plan and the worst layer's transient. */
-		for (int32_t k = 0; k < n; k++) {
+		for (int32_t k = 0; k < n; k++)
 			tabs[k] = table(c, first + k, c->n_buckets - 1);
-			pts[k] = max_saving_point(tabs[k]);
-		}
-		double spike = choice_bytes(tabs, n, bu->fixed_bytes, pts, &transient) + transient;
+		double spike = min_stage_bytes(tabs, n, bu->fixed_bytes, pts);
 		for (int32_t k = 0; k < n; k++)
 			tabs[k] = table(c, first + k, b1);
 		/* The cheapest steady plan with which every in-flight micro-batch
@@ -170,8 +225,10 @@ int kiln_pass_budget(kiln_compilation *c)
 		                             bu->steady_point) == 0) {
 			bu->steady_fits = true;
 		} else {
+			/* The others hold their resident bytes only: the least
+			 * resident plan leaves the deciding micro-batch the most. */
 			for (int32_t k = 0; k < n; k++)
-				bu->steady_point[k] = max_saving_point(tabs[k]);
+				bu->steady_point[k] = least_resident_point(tabs[k]);
 			double r1 = choice_bytes(tabs, n, bu->fixed_bytes, bu->steady_point, &transient);
 			bu->steady_fits = bu->inflight * r1 + transient <= avail;
 		}
@@ -186,15 +243,12 @@ int kiln_pass_budget(kiln_compilation *c)
 		if (!bu->steady_fits)
 			continue;
 		for (int32_t b = 0; b < c->n_buckets; b++) {
-			for (int32_t k = 0; k < n; k++) {
+			for (int32_t k = 0; k < n; k++)
 				tabs[k] = table(c, first + k, b);
-				pts[k] = max_saving_point(tabs[k]);
-			}
-			double resident = choice_bytes(tabs, n, bu->fixed_bytes, pts, &transient);
-			if (resident + transient > bu->budget_bytes)
+			if (min_stage_bytes(tabs, n, bu->fixed_bytes, pts) > bu->budget_bytes)
 				break;
 			bu->safety_factor = c->buckets[b];
 		}
 	}
-	return 0;
+	return steady_timelines(c, b1);
 }

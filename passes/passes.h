@@ -180,12 +180,15 @@ struct kiln_plan_table {
 	int32_t *point;         /* per table point: index into frontier->points */
 	kiln_plan_bytes *bytes; /* per table point, exact at n */
 	int32_t *plan;          /* per table point: index into the pool, or -1 without a pool */
+	double *exposed_us;     /* per table point: the scheduled exposed time (interleave);
+	                           NULL before that pass, or for tables it does not see */
 };
 
-/* Exposed time of table point p. */
+/* Exposed time of table point p: the scheduled one once the interleave pass
+ * has run, else the frontier's first estimate. */
 static inline double kiln_plan_table_exposed_us(const kiln_plan_table *t, int32_t p)
 {
-	return t->frontier->points[t->point[p]].exposed_us;
+	return t->exposed_us ? t->exposed_us[p] : t->frontier->points[t->point[p]].exposed_us;
 }
 
 /* Fills t's table points from t->frontier (steps: table points per maximal
@@ -338,12 +341,33 @@ struct kiln_plan_schedule {
  * Returns 0 or -1. */
 int kiln_pass_interleave(kiln_compilation *c);
 
+/* The template of one plan (actions: one kiln_action per unit of t->set;
+ * plan: its pool index, recorded in the template) at table t's load: both
+ * chains scheduled by the DP and serially. base_us is left 0. Returns 0 or
+ * -1. */
+int kiln_interleave_template(const kiln_compilation *c, const kiln_plan_table *t, int32_t plan,
+                             const uint8_t *actions, kiln_arena *a, kiln_template *out);
+
 /* Schedules two chains' tasks (tasks[0..n) with chain, index, stream,
  * duration and deps filled) by the dynamic program; fills start_us, end_us,
  * reorders tasks into start order (deps renumbered) and returns the makespan,
  * or a negative value on failure. mem_limit_bytes bounds the reload buffers
  * held at once (INFINITY: no bound). */
 double kiln_schedule_dp(kiln_task *tasks, int32_t n, double mem_limit_bytes, kiln_arena *a);
+/* Labels (stream and live-task time vectors) kept per DP state; see
+ * docs/schedule.md, "Pruning". */
+#define KILN_SCHEDULE_PARETO_CAP 64
+/* kiln_schedule_dp with an explicit cap on the Pareto set per state
+ * (0: no cap, exact; for tests). Same contract. */
+double kiln_schedule_dp_cap(kiln_task *tasks, int32_t n, double mem_limit_bytes,
+                            int32_t pareto_cap, kiln_arena *a);
+/* The two chains of one layer of set at load n under a plan (actions: one
+ * kiln_action per unit): chain 0 the forward chunks with offloads, chain 1
+ * the backward chunks with reloads and recomputes (docs/schedule.md,
+ * "Chunks"), unscheduled. Tasks, deps and names are allocated from a.
+ * Returns 0, or -1 on exhaustion. O(ops + units^2). */
+int kiln_schedule_build(const kiln_ir_graph *g, const kiln_unit_set *set, const uint8_t *actions,
+                        double n, kiln_arena *a, kiln_task **out_tasks, int32_t *out_n);
 /* The plain serial order (chain 0, then chain 1), same contract. */
 double kiln_schedule_serial(kiln_task *tasks, int32_t n, kiln_arena *a);
 /* Checks a scheduled template: deps end before dependents start, one task at

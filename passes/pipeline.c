@@ -26,6 +26,7 @@ static const struct {
     {"lower", run_lower},
     {"activations", run_activations},
     {"plan", kiln_pass_plan},
+    {"interleave", kiln_pass_interleave},
     {"budget", kiln_pass_budget},
     {"baselines", kiln_pass_baselines},
 };
@@ -67,7 +68,10 @@ int kiln_pipeline_compile(kiln_compilation *c, const char *until, const char *du
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		if (passes[i].run(c) != 0) {
 			if (err)
-				fprintf(err, "kilnc: out of memory in pass %s\n", passes[i].name);
+				fprintf(err,
+				        "kilnc: pass %s failed: out of memory, or a solver refused an "
+				        "instance (an internal limit)\n",
+				        passes[i].name);
 			return -1;
 		}
 		if (kiln_ir_graph_verify(c->graph, err) != 0) {

@@ -217,6 +217,11 @@ int kiln_plan_table_fill(kiln_plan_table *t, int32_t steps, kiln_plan_pool *pool
 	t->n_points = n;
 	for (int32_t i = 0; i < n; i++) {
 		kiln_plan_actions(&t->instance, &f->points[t->point[i]], actions);
+		/* Choices are valid within their group; a source cycle across
+		 * groups would need aliased units the lowering never makes. Check
+		 * anyway: an invalid plan must never reach a table. */
+		if (kiln_plan_valid(t->set, actions) != 0)
+			return -1;
 		kiln_plan_bytes_at(t->set, actions, t->n, &t->bytes[i]);
 		t->plan[i] = -1;
 		if (pool && (t->plan[i] = kiln_plan_pool_add(pool, a, t->set, actions)) < 0)

@@ -4,7 +4,7 @@
 set -eu
 
 PACKAGES="build-essential cmake pkg-config libyaml-dev libcjson-dev libglpk-dev \
-libcriterion-dev libmlir-16-dev mlir-16-tools"
+libcriterion-dev libmlir-16-dev mlir-16-tools libxml2-utils"
 
 missing=""
 for p in $PACKAGES; do

@@ -248,15 +248,15 @@ Test(activations, tiny_moe_units_and_sources)
 	kiln_unit_set *sets;
 	int32_t n;
 	units_of(g, &sets, &n);
-	/* tiny: pp 2, layers 0 (dense), 1 on stage 0; 2, 3 on stage 1. */
+	/* tiny: 8 layers, pp 2: layers 0 (dense), 1-3 on stage 0; 4-7 on stage 1. */
 	cr_assert_eq(n, 3);
 	const kiln_unit_set *dense = set_of(sets, n, 0, KILN_LAYER_DENSE);
 	cr_assert_eq(dense->n_layers, 1);
 	cr_assert_eq(dense->n_units, 11);
 	const kiln_unit_set *moe1 = set_of(sets, n, 1, KILN_LAYER_MOE);
-	cr_assert_eq(moe1->n_layers, 2);
+	cr_assert_eq(moe1->n_layers, 4);
 	const kiln_unit_set *set = set_of(sets, n, 0, KILN_LAYER_MOE);
-	cr_assert_eq(set->n_layers, 1);
+	cr_assert_eq(set->n_layers, 3);
 	size_t nw = sizeof want / sizeof want[0];
 	cr_assert_eq(set->n_units, (int32_t)nw);
 	for (size_t i = 0; i < nw; i++) {

@@ -147,8 +147,8 @@ Test(cli, report_json_is_consistent_for_every_shipped_model)
 	}
 }
 
-/* tiny.yaml's inline hardware: memory 6.5 MiB, reserved 1 MiB, so
- * capacity = 5.5 * 2^20 = 5,767,168 bytes on every stage. */
+/* tiny.yaml's inline hardware: memory 10 MiB, reserved 1 MiB, so
+ * capacity = 9 * 2^20 = 9,437,184 bytes on every stage. */
 Test(cli, report_capacity_follows_the_hardware_profile)
 {
 	kt_run r = RUN("report", kt_src("examples/models/tiny.yaml"), "--json");
@@ -158,7 +158,7 @@ Test(cli, report_capacity_follows_the_hardware_profile)
 	const kiln_json *stages = kiln_json_get(doc, "stages");
 	cr_assert_eq(kiln_json_size(stages), 2);
 	for (int s = 0; s < 2; s++)
-		cr_assert_eq(num(kiln_json_at(stages, s), "capacity_bytes", NULL), 5767168.0);
+		cr_assert_eq(num(kiln_json_at(stages, s), "capacity_bytes", NULL), 9437184.0);
 	/* 1F1B with p = 2, m = 32 / (2 * 4) = 4: stage 0 holds 2, stage 1 holds 1. */
 	cr_assert_eq(num(kiln_json_at(stages, 0), "inflight", NULL), 2.0);
 	cr_assert_eq(num(kiln_json_at(stages, 1), "inflight", NULL), 1.0);

@@ -145,7 +145,7 @@ Test(frontend_valid, minimal_dense_model_gets_defaults)
 	cr_expect_eq(m->vpp, 1);
 	cr_assert_eq(m->n_stage_layers, 1);
 	cr_expect_eq(m->stage_layers[0], 4);
-	cr_expect_eq(m->max_factor, 3.0);
+	cr_expect_eq(m->max_factor, 1.0); /* a dense model's load never varies */
 	cr_expect_eq(m->dp, 2);            /* 2 / (1 * 1) */
 	cr_expect_eq(m->edp, 2);           /* dp * tp / ep */
 	cr_expect_eq(m->micro_batches, 4); /* 8 / (1 * 2) */

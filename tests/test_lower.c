@@ -598,11 +598,12 @@ Test(lower_structure, flops_by_hand)
 Test(lower_pipeline, passes_and_dump)
 {
 	/* The compiler's passes, in order (passes/pipeline.c). */
-	static const char *const names[] = {"lower", "activations", "plan", "budget", "baselines"};
-	cr_expect_eq(kiln_pipeline_pass_count(), 5);
-	for (size_t i = 0; i < 5; i++)
+	static const char *const names[] = {"lower",      "activations", "plan",
+	                                    "interleave", "budget",      "baselines"};
+	cr_expect_eq(kiln_pipeline_pass_count(), 6);
+	for (size_t i = 0; i < 6; i++)
 		cr_expect_str_eq(kiln_pipeline_pass_name(i), names[i]);
-	cr_expect_null(kiln_pipeline_pass_name(5));
+	cr_expect_null(kiln_pipeline_pass_name(6));
 
 	tmodel tm;
 	moe_model(&tm);

@@ -3,10 +3,14 @@
  * Exit status (docs/cli.md): 0 success, 1 bad input, 2 usage error,
  * 3 infeasible plan (from `compile`).
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "codegen/codegen.h"
@@ -14,6 +18,9 @@
 #include "passes/passes.h"
 
 enum { EXIT_OK = 0, EXIT_INPUT = 1, EXIT_USAGE = 2, EXIT_INFEASIBLE = 3 };
+
+/* `kilnc viz` refuses larger inputs (kimi-k2-1t's MLIR is tens of MB). */
+#define VIZ_MAX_BYTES ((off_t)1 << 30)
 
 static const char USAGE[] =
 	"usage: kilnc [--help] [--version] COMMAND [ARGS]\n"
@@ -30,10 +37,15 @@ static const char USAGE[] =
 	"      load.max_factor, in-flight micro-batches, peak with everything kept,\n"
 	"      capacity and headroom; then the iteration time and MFU estimate.\n"
 	"  compile MODEL [--solver dp|milp] [--json] [--dump-after=PASS]\n"
+	"          [--emit-mlir F] [--emit-trace F] [--emit-svg F]\n"
 	"      Run every pass: units, per-unit keep/recompute/offload options, a\n"
 	"      Pareto frontier per (stage, layer kind, load bucket), budgets and\n"
-	"      the safety bound, and the baselines. Prints a summary, or the plan\n"
-	"      tables with --json. Exit 3 when load.max_factor does not fit.\n"
+	"      the safety bound, the baselines and the interleaved schedules. Prints\n"
+	"      a summary, or the plan tables with --json, and writes the views asked\n"
+	"      for. Exit 3 when load.max_factor does not fit.\n"
+	"  viz PLAN.mlir -o OUT.svg|OUT.json\n"
+	"      Redraw the schedules of a plan emitted with --emit-mlir as an SVG\n"
+	"      timeline or a Chrome trace (Perfetto, chrome://tracing).\n"
 	"  help [COMMAND]\n"
 	"      This text, or one command's.\n"
 	"\n"
@@ -74,6 +86,7 @@ static const char HELP_REPORT[] =
 
 static const char HELP_COMPILE[] =
 	"usage: kilnc compile MODEL [--solver dp|milp] [--json] [--dump-after=PASS]\n"
+	"                     [--emit-mlir F] [--emit-trace F] [--emit-svg F]\n"
 	"\n"
 	"Plans activation memory for MODEL. For every pipeline stage and layer kind:\n"
 	"the saved activations (units), and for each load bucket from 0 to\n"
@@ -82,17 +95,40 @@ static const char HELP_COMPILE[] =
 	"steady-state plan, the budget of a micro-batch deciding after its MoE gate,\n"
 	"and the safety bound: the largest load factor at which the maximal-saving plan\n"
 	"still fits. Baselines (full recompute, Megatron selective, static aggressive,\n"
-	"AdaPipe) are planned too.\n"
+	"AdaPipe) are planned too, and each plan's forward and backward chunks are\n"
+	"interleaved into a schedule template.\n"
 	"\n"
 	"  --solver dp     dynamic programming over quantised bytes (default)\n"
 	"  --solver milp   an exact MILP (GLPK) for every frontier point; slower\n"
 	"  --json          the plan tables as one JSON document (docs/cli.md)\n"
 	"  --dump-after=P  print the compiler state after pass P\n"
+	"  --emit-mlir F   the graph, units, plan tables, plans and schedules as MLIR\n"
+	"                  (unregistered kiln dialect, docs/mlir-dialect.md); open it\n"
+	"                  with mlir-opt-16 --allow-unregistered-dialect F, redraw it\n"
+	"                  with kilnc viz\n"
+	"  --emit-trace F  the stage timelines as Chrome trace JSON (Perfetto)\n"
+	"  --emit-svg F    the stage timelines as an SVG\n"
 	"\n"
+	"Each view goes to a temporary file beside F, renamed into place when\n"
+	"complete: F is either whole or untouched. Views are written on exit 3 too.\n"
 	"Exit status 3, with each stage and its largest feasible load factor on\n"
 	"stderr, when load.max_factor does not fit on some stage. The plan blob\n"
 	"(-o PLAN.kiln) arrives with the runtime; until then --json is the output.\n"
 	"Progress goes to stderr when stderr is a terminal.\n";
+
+static const char HELP_VIZ[] =
+	"usage: kilnc viz PLAN.mlir -o OUT.svg|OUT.json\n"
+	"\n"
+	"Reads the schedules (templates and stage timelines) back from the MLIR of\n"
+	"`kilnc compile MODEL --emit-mlir PLAN.mlir` and draws them: OUT.svg as an SVG\n"
+	"timeline, OUT.json as Chrome trace JSON, the same bytes --emit-svg and\n"
+	"--emit-trace write. OUT goes to a temporary file beside it, renamed into\n"
+	"place when complete. PLAN.kiln (the blob) cannot be read yet: it arrives\n"
+	"with the runtime.\n"
+	"\n"
+	"Exit status 1 when PLAN is not a regular file, is over 1 GiB or is not\n"
+	"kiln's MLIR (each problem on stderr as PLAN:LINE:COL: error: MESSAGE);\n"
+	"2 on a usage error (no -o, an extension other than .svg or .json).\n";
 
 static void usage_error(const char *fmt, const char *arg)
 {
@@ -122,6 +158,8 @@ static int print_help(const char *cmd)
 		fputs(HELP_REPORT, stdout);
 	} else if (strcmp(cmd, "compile") == 0) {
 		fputs(HELP_COMPILE, stdout);
+	} else if (strcmp(cmd, "viz") == 0) {
+		fputs(HELP_VIZ, stdout);
 	} else {
 		usage_error("no help for unknown command '%s'", cmd);
 		return EXIT_USAGE;
@@ -133,9 +171,32 @@ typedef struct options {
 	const char *model;
 	const char *dump_after;
 	const char *solver;
+	const char *emit_mlir, *emit_trace, *emit_svg; /* compile: view paths, or NULL */
 	bool json;
 	bool help;
 } options;
+
+/* Matches "--NAME F" and "--NAME=F" at argv[*i]; sets *out (advancing *i
+ * past F). Returns 1 when matched, 0 when not, EXIT_USAGE (reported) when F
+ * is missing or NAME was given before. */
+static int path_option(const char *name, int argc, char **argv, int *i, const char **out)
+{
+	const char *a = argv[*i];
+	size_t n = strlen(name);
+	if (strncmp(a, name, n) != 0 || (a[n] != '\0' && a[n] != '='))
+		return 0;
+	const char *v = a[n] == '=' ? a + n + 1 : *i + 1 < argc ? argv[++*i] : NULL;
+	if (!v || !*v) {
+		usage_error("%s needs a file name", name);
+		return EXIT_USAGE;
+	}
+	if (*out) {
+		usage_error("%s given twice", name);
+		return EXIT_USAGE;
+	}
+	*out = v;
+	return 1;
+}
 
 /* Parses the arguments after the command name. Returns 0 or EXIT_USAGE. */
 static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, bool allow_dump,
@@ -170,6 +231,19 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 				usage_error("--solver must be dp or milp, got '%s'", out->solver);
 				return EXIT_USAGE;
 			}
+		} else if (allow_solver && strncmp(a, "--emit-", 7) == 0) {
+			int m = path_option("--emit-mlir", argc, argv, &i, &out->emit_mlir);
+			if (m == 0)
+				m = path_option("--emit-trace", argc, argv, &i, &out->emit_trace);
+			if (m == 0)
+				m = path_option("--emit-svg", argc, argv, &i, &out->emit_svg);
+			if (m == EXIT_USAGE)
+				return EXIT_USAGE;
+			if (m == 0) {
+				fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n", a, cmd);
+				fprintf(stderr, "Try 'kilnc help %s'.\n", cmd);
+				return EXIT_USAGE;
+			}
 		} else if (allow_solver && (strcmp(a, "-o") == 0 || strncmp(a, "--output", 8) == 0)) {
 			usage_error("%s: the plan blob is not implemented yet (it arrives with the "
 			            "runtime); use --json for the plan tables",
@@ -198,6 +272,13 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 			return EXIT_USAGE;
 		}
 	}
+	const char *views[] = {out->emit_mlir, out->emit_trace, out->emit_svg};
+	for (int i = 0; i < 3; i++)
+		for (int j = i + 1; j < 3; j++)
+			if (views[i] && views[j] && strcmp(views[i], views[j]) == 0) {
+				usage_error("two views would be written to '%s'", views[i]);
+				return EXIT_USAGE;
+			}
 	if (!out->help && !out->model) {
 		fprintf(stderr, "kilnc: error: '%s' needs a MODEL file\n", cmd);
 		fprintf(stderr, "Try 'kilnc help %s'.\n", cmd);
@@ -279,6 +360,270 @@ static int cmd_report(int argc, char **argv)
 	return finish_output(rc);
 }
 
+/* ---------------------------------------------------------------- views */
+
+/* Copies a library's diagnostics (lines "LINE:COL: error: ..." or
+ * "error: ...") to stderr, each prefixed with path, or with "kilnc: " when
+ * path is NULL. */
+static void relay(const char *text, size_t len, const char *path)
+{
+	const char *p = text, *end = text + len;
+	while (p < end) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+		if (!path)
+			fputs("kilnc: ", stderr);
+		else if (*p >= '0' && *p <= '9')
+			fprintf(stderr, "%s:", path);
+		else
+			fprintf(stderr, "%s: ", path);
+		fwrite(p, 1, n, stderr);
+		fputc('\n', stderr);
+		p += n + 1;
+	}
+}
+
+/* Writes one view of arg to f; returns 0 or -1 (reported on stderr). */
+typedef int (*view_fn)(const void *arg, FILE *f);
+
+static int view_trace(const void *arg, FILE *f)
+{
+	return kiln_trace_write(arg, f);
+}
+
+static int view_svg(const void *arg, FILE *f)
+{
+	return kiln_svg_write(arg, f);
+}
+
+static int view_mlir(const void *arg, FILE *f)
+{
+	char *msg = NULL;
+	size_t len = 0;
+	FILE *err = open_memstream(&msg, &len);
+	int rc = kiln_mlir_emit(arg, f, err ? err : stderr);
+	if (err) {
+		fclose(err);
+		relay(msg, len, NULL);
+		free(msg);
+	}
+	return rc;
+}
+
+/* Writes path through a temporary file beside it (same directory, so the
+ * rename is atomic), renamed into place only when fn succeeded and every
+ * byte was written: path is then complete, and otherwise untouched. Returns
+ * 0, or EXIT_INPUT after reporting. */
+static int write_view(const char *path, view_fn fn, const void *arg)
+{
+	static const char suffix[] = ".tmp.XXXXXX";
+	size_t n = strlen(path);
+	char *tmp = malloc(n + sizeof suffix);
+	if (!tmp) {
+		fprintf(stderr, "kilnc: error: out of memory writing %s\n", path);
+		return EXIT_INPUT;
+	}
+	memcpy(tmp, path, n);
+	memcpy(tmp + n, suffix, sizeof suffix);
+	int fd = mkstemp(tmp);
+	if (fd < 0) {
+		fprintf(stderr, "kilnc: error: cannot write %s: %s\n", path, strerror(errno));
+		free(tmp);
+		return EXIT_INPUT;
+	}
+	/* mkstemp makes the file 0600; give it the mode a plain fopen would. */
+	mode_t mask = umask(0);
+	umask(mask);
+	int rc = fchmod(fd, 0666 & ~mask) == 0 ? 0 : -1;
+	FILE *f = fdopen(fd, "wb");
+	if (!f) {
+		close(fd);
+		rc = -1;
+	} else {
+		if (rc == 0)
+			rc = fn(arg, f);
+		if (fflush(f) != 0 || ferror(f))
+			rc = -1;
+		if (fclose(f) != 0)
+			rc = -1;
+	}
+	if (rc == 0 && rename(tmp, path) != 0) {
+		fprintf(stderr, "kilnc: error: cannot write %s: %s\n", path, strerror(errno));
+		unlink(tmp);
+		free(tmp);
+		return EXIT_INPUT;
+	}
+	if (rc != 0) {
+		unlink(tmp);
+		fprintf(stderr, "kilnc: error: writing %s failed\n", path);
+	}
+	free(tmp);
+	return rc == 0 ? EXIT_OK : EXIT_INPUT;
+}
+
+/* The views compile was asked for. Returns 0 or EXIT_INPUT (reported). */
+static int write_views(const options *o, const kiln_compilation *c)
+{
+	if (!o->emit_mlir && !o->emit_trace && !o->emit_svg)
+		return EXIT_OK;
+	if (!c->schedule) {
+		fprintf(stderr, "kilnc: internal error: no schedule to write (the interleave pass did "
+		                "not run)\n");
+		return EXIT_INPUT;
+	}
+	int rc = EXIT_OK;
+	if (o->emit_mlir)
+		rc = write_view(o->emit_mlir, view_mlir, c);
+	if (rc == EXIT_OK && o->emit_trace)
+		rc = write_view(o->emit_trace, view_trace, c->schedule);
+	if (rc == EXIT_OK && o->emit_svg)
+		rc = write_view(o->emit_svg, view_svg, c->schedule);
+	return rc;
+}
+
+/* Reads a regular file of at most VIZ_MAX_BYTES into a malloc'd buffer.
+ * Returns 0, or EXIT_INPUT after reporting. */
+static int read_plan_file(const char *path, char **out, size_t *out_len)
+{
+	*out = NULL;
+	*out_len = 0;
+	/* O_NONBLOCK: a FIFO must not hang us before fstat refuses it. */
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0) {
+		fprintf(stderr, "kilnc: error: cannot open %s: %s\n", path, strerror(errno));
+		return EXIT_INPUT;
+	}
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		fprintf(stderr, "kilnc: error: %s: not a regular file\n", path);
+		close(fd);
+		return EXIT_INPUT;
+	}
+	if (st.st_size > VIZ_MAX_BYTES) {
+		fprintf(stderr, "kilnc: error: %s: %lld bytes, over the 1 GiB limit\n", path,
+		        (long long)st.st_size);
+		close(fd);
+		return EXIT_INPUT;
+	}
+	size_t cap = (size_t)st.st_size, len = 0;
+	char *buf = malloc(cap + 1);
+	if (!buf) {
+		fprintf(stderr, "kilnc: error: out of memory reading %s\n", path);
+		close(fd);
+		return EXIT_INPUT;
+	}
+	while (len < cap) {
+		ssize_t k = read(fd, buf + len, cap - len);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0) {
+			fprintf(stderr, "kilnc: error: reading %s: %s\n", path, strerror(errno));
+			free(buf);
+			close(fd);
+			return EXIT_INPUT;
+		}
+		if (k == 0)
+			break;
+		len += (size_t)k;
+	}
+	close(fd);
+	buf[len] = '\0';
+	*out = buf;
+	*out_len = len;
+	return EXIT_OK;
+}
+
+static bool has_suffix(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), k = strlen(suffix);
+	return n >= k && strcasecmp(s + n - k, suffix) == 0;
+}
+
+static int cmd_viz(int argc, char **argv)
+{
+	const char *plan = NULL, *out = NULL;
+	bool help = false;
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		int m;
+		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+			help = true;
+		} else if (strcmp(a, "-o") == 0) {
+			if (i + 1 >= argc || !*argv[i + 1]) {
+				usage_error("%s needs a file name", a);
+				return EXIT_USAGE;
+			}
+			if (out) {
+				usage_error("%s given twice", a);
+				return EXIT_USAGE;
+			}
+			out = argv[++i];
+		} else if ((m = path_option("--output", argc, argv, &i, &out)) != 0) {
+			if (m == EXIT_USAGE)
+				return EXIT_USAGE;
+		} else if (a[0] == '-' && a[1] != '\0') {
+			fprintf(stderr, "kilnc: error: unknown option '%s' for 'viz'\n", a);
+			fprintf(stderr, "Try 'kilnc help viz'.\n");
+			return EXIT_USAGE;
+		} else if (!plan) {
+			plan = a;
+		} else {
+			fprintf(stderr, "kilnc: error: 'viz' takes one PLAN, got '%s' and '%s'\n", plan,
+			        a);
+			return EXIT_USAGE;
+		}
+	}
+	if (help)
+		return print_help("viz");
+	if (!plan) {
+		fprintf(stderr, "kilnc: error: 'viz' needs a PLAN.mlir file\n");
+		fprintf(stderr, "Try 'kilnc help viz'.\n");
+		return EXIT_USAGE;
+	}
+	if (!out) {
+		usage_error("'viz' needs -o OUT.svg or -o OUT.json (%s)", plan);
+		return EXIT_USAGE;
+	}
+	view_fn fn = has_suffix(out, ".svg") ? view_svg : has_suffix(out, ".json") ? view_trace : NULL;
+	if (!fn) {
+		usage_error("-o %s: the output must end in .svg (SVG timeline) or .json (Chrome trace)",
+		            out);
+		return EXIT_USAGE;
+	}
+	if (has_suffix(plan, ".kiln")) {
+		usage_error("%s: viz of a plan blob is not available yet (the blob arrives with the "
+		            "runtime); use the MLIR of kilnc compile --emit-mlir",
+		            plan);
+		return EXIT_USAGE;
+	}
+	char *text;
+	size_t len;
+	int rc = read_plan_file(plan, &text, &len);
+	if (rc != EXIT_OK)
+		return rc;
+	kiln_arena *a = kiln_arena_new();
+	char *msg = NULL;
+	size_t msg_len = 0;
+	FILE *err = open_memstream(&msg, &msg_len);
+	kiln_plan_schedule s;
+	if (!a || !err) {
+		fprintf(stderr, "kilnc: error: out of memory\n");
+		rc = EXIT_INPUT;
+	} else if (kiln_mlir_read_schedule(text, len, a, &s, err) != 0) {
+		rc = EXIT_INPUT;
+	}
+	free(text);
+	if (err) {
+		fclose(err);
+		relay(msg, msg_len, plan);
+		free(msg);
+	}
+	if (rc == EXIT_OK)
+		rc = write_view(out, fn, &s);
+	kiln_arena_free(a);
+	return rc;
+}
+
 static int cmd_compile(int argc, char **argv)
 {
 	options o;
@@ -308,6 +653,8 @@ static int cmd_compile(int argc, char **argv)
 	} else if (rc != 0) {
 		fprintf(stderr, "kilnc: error: compiling %s failed\n", o.model);
 		rc = EXIT_INPUT;
+	} else if ((rc = write_views(&o, &c)) != EXIT_OK) {
+		/* reported; nothing on stdout */
 	} else if (kiln_plans_infeasible_stages(&c) > 0) {
 		kiln_plans_report_infeasible(&c, stderr);
 		rc = EXIT_INFEASIBLE;
@@ -351,6 +698,8 @@ int main(int argc, char **argv)
 		return cmd_report(argc - 2, argv + 2);
 	if (strcmp(cmd, "compile") == 0)
 		return cmd_compile(argc - 2, argv + 2);
+	if (strcmp(cmd, "viz") == 0)
+		return finish_output(cmd_viz(argc - 2, argv + 2));
 	if (cmd[0] == '-')
 		usage_error("unknown option '%s'", cmd);
 	else
