@@ -493,3 +493,72 @@ Test(interleave, feedback_keeps_every_table_monotone, .timeout = 300)
 		kiln_arena_free(a);
 	}
 }
+
+/* On the shipped models too, wherever a template is small enough to search
+ * exhaustively (at most 10 tasks per chain), the DP's makespan equals the
+ * brute force over every merge order. */
+Test(interleave, dp_equals_brute_force_on_shipped_templates, .timeout = 300)
+{
+	int checked = 0;
+	for (size_t mi = 0; mi < N_MODELS; mi++) {
+		kiln_arena *a;
+		kiln_compilation c = compile_model(MODELS[mi], &a);
+		const kiln_plan_schedule *s = c.schedule;
+		int per_model = 0;
+		for (int32_t k = 0; k < s->n_templates && per_model < 12; k++) {
+			const kiln_template *t = &s->templates[k];
+			if (t->plan < 0 || t->plan >= c.pool->n)
+				continue;
+			const kiln_unit_set *set = NULL;
+			for (int32_t si = 0; si < c.n_sets && !set; si++)
+				if (c.sets[si].stage == t->stage && c.sets[si].kind == t->kind)
+					set = &c.sets[si];
+			cr_assert_not_null(set);
+			double n = set->kind == KILN_LAYER_MOE
+			               ? t->load_factor * c.graph->layers[set->layer].n_balanced
+			               : 0;
+			kiln_task *tasks;
+			int32_t nt;
+			cr_assert_eq(kiln_schedule_build(c.graph, set, c.pool->actions[t->plan], n, a,
+			                                 &tasks, &nt),
+			             0);
+			int32_t nc[2] = {0, 0};
+			bool chain_major = true;
+			for (int32_t i = 0; i < nt; i++) {
+				int32_t ch = tasks[i].chain;
+				chain_major &= ch == 0 || ch == 1;
+				if (chain_major) {
+					chain_major &= tasks[i].index == nc[ch] && (ch == 1 || nc[1] == 0);
+					nc[ch]++;
+				}
+			}
+			cr_assert(chain_major, "%s: tasks are not chain 0 then chain 1", MODELS[mi]);
+			if (nc[0] > 10 || nc[1] > 10 || nt > MAXT)
+				continue;
+			inst x, y;
+			memset(&x, 0, sizeof x);
+			x.n = nt;
+			x.nc[0] = nc[0];
+			x.nc[1] = nc[1];
+			for (int32_t i = 0; i < nt; i++) {
+				x.t[i] = tasks[i];
+				x.t[i].deps = x.deps[i];
+				cr_assert_leq(tasks[i].n_deps, MAXT);
+				for (int32_t d = 0; d < tasks[i].n_deps; d++)
+					x.deps[i][d] = tasks[i].deps[d];
+			}
+			double want = brute_force(&x, INFINITY);
+			copy_inst(&x, &y);
+			double got = kiln_schedule_dp_cap(y.t, y.n, INFINITY, 0, NULL);
+			cr_assert_float_eq(got, want, 1e-9 * fmax(1, want), "%s template %d: dp %g, brute %g",
+			                   MODELS[mi], k, got, want);
+			cr_assert_float_eq(t->makespan_us, want, 1e-9 * fmax(1, want),
+			                   "%s template %d: stored %g, brute %g", MODELS[mi], k,
+			                   t->makespan_us, want);
+			per_model++;
+			checked++;
+		}
+		kiln_arena_free(a);
+	}
+	cr_assert_geq(checked, 10, "too few shipped templates were small enough to check");
+}
