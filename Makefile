@@ -1,5 +1,5 @@
 # Thin wrapper over CMake: the two commands people expect.
-#   make run    install what is missing, build, report on a shipped model
+#   make run    install what is missing, build, report on and compile a shipped model
 #   make test   install what is missing, build twice (plain and ASan+UBSan), run every test
 
 BUILD      ?= build
@@ -26,6 +26,8 @@ build-asan: deps
 run: build
 	./$(BUILD)/kilnc check $(MODEL)
 	./$(BUILD)/kilnc report $(MODEL)
+	./$(BUILD)/kilnc compile $(MODEL) --emit-svg $(BUILD)/schedule.svg --emit-trace $(BUILD)/trace.json
+	@echo "schedule: $(BUILD)/schedule.svg (any SVG viewer), $(BUILD)/trace.json (ui.perfetto.dev)"
 
 test: test-plain test-asan
 
@@ -41,6 +43,7 @@ test-asan: build-asan
 
 bench: build
 	./$(BUILD)/bench_report
+	./$(BUILD)/bench_schedule
 	./$(BUILD)/bench_compile
 
 clean:
