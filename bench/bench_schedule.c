@@ -4,7 +4,8 @@
  * one, and per table point the scheduled exposed time against the first
  * estimate. Prints its numbers; asserts nothing.
  *
- * usage: bench_schedule [MODEL] [RUNS]
+ * usage: bench_schedule [MODEL] [RUNS] [--per-class]
+ *   --per-class  also print serial and overlapped makespan of every plan class
  */
 #include <math.h>
 #include <stdio.h>
@@ -42,8 +43,11 @@ int main(int argc, char **argv)
 {
 	const char *model = KILN_SOURCE_DIR "/examples/models/kimi-k2-1t.yaml";
 	int runs = 5;
+	int per_class = 0;
 	for (int i = 1; i < argc; i++) {
-		if (argv[i][0] >= '0' && argv[i][0] <= '9')
+		if (strcmp(argv[i], "--per-class") == 0)
+			per_class = 1;
+		else if (argv[i][0] >= '0' && argv[i][0] <= '9')
 			runs = atoi(argv[i]);
 		else
 			model = argv[i];
@@ -190,6 +194,16 @@ int main(int argc, char **argv)
 		       "serial %9.1f us, overlapped %9.1f us (%.3f), keep-all %9.1f us\n",
 		       why[i], ex[i], t->stage, kiln_ir_layer_kind_name(t->kind), t->load_factor,
 		       t->n_tasks, rec, copies, t->serial_us, t->makespan_us, ratio[ex[i]], t->base_us);
+	}
+	if (per_class) {
+		printf("  %5s %5s %-5s %6s %12s %12s %6s\n", "plan", "stage", "kind", "load",
+		       "serial_us", "overlap_us", "ratio");
+		for (int32_t p = 0; p < np; p++) {
+			const kiln_template *t = &s->templates[p];
+			printf("  %5d %5d %-5s %6.2f %12.1f %12.1f %6.3f\n", p, t->stage,
+			       kiln_ir_layer_kind_name(t->kind), t->load_factor, t->serial_us,
+			       t->makespan_us, ratio[p]);
+		}
 	}
 	int32_t after_points = 0;
 	double sched_sum = 0;
