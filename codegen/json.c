@@ -1,6 +1,7 @@
 /* codegen/json.c: the one file that touches cJSON. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "codegen/codegen.h"
@@ -71,10 +72,24 @@ kiln_json *kiln_json_add_array(kiln_json *parent, const char *key)
 	return attach(parent, key, parent ? cJSON_CreateArray() : NULL);
 }
 
+/* The shortest decimal form of v that reads back as exactly v. cJSON's own
+ * printer accepts a form within one ulp, so numbers would not round-trip
+ * bit for bit; kiln's traces and reports promise they do. */
+static cJSON *exact_number(double v)
+{
+	char buf[40];
+	for (int digits = 15; digits <= 17; digits++) {
+		snprintf(buf, sizeof buf, "%.*g", digits, v);
+		if (strtod(buf, NULL) == v)
+			break;
+	}
+	return cJSON_CreateRaw(buf);
+}
+
 void kiln_json_add_number(kiln_json *parent, const char *key, double v)
 {
 	/* JSON has no NaN or infinity; a non-finite figure becomes null. */
-	attach(parent, key, parent ? (isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull()) : NULL);
+	attach(parent, key, parent ? (isfinite(v) ? exact_number(v) : cJSON_CreateNull()) : NULL);
 }
 
 void kiln_json_add_string(kiln_json *parent, const char *key, const char *v)

@@ -586,6 +586,77 @@ static size_t max_nesting(const char *s, size_t len, size_t *out_line)
 	return max;
 }
 
+/* kiln writes a small subset of MLIR's syntax: quoted op names, regions,
+ * attribute dictionaries whose values are strings, integers and floats
+ * (decimal or hex) with `: i64` / `: f64`, `array<i32: ...>`, true and
+ * false, and `: () -> ()`. MLIR's parser recurses on much more (affine
+ * maps, dialect attributes, tensor types...), so anything outside that
+ * subset is refused before MLIR sees it: a file only kiln could have written
+ * cannot exhaust the stack. Returns 0, or -1 with the line of the first
+ * stranger in *out_line and the offending word in out_word. */
+static bool is_ident_char(char ch)
+{
+	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+	       ch == '_' || ch == '.' || ch == '$';
+}
+
+static int only_kiln_syntax(const char *s, size_t len, size_t *out_line, char *out_word,
+                            size_t word_cap)
+{
+	static const char *const words[] = {"array", "i1",    "i8",   "i16",
+	                                    "i32",   "i64",   "f32",  "f64",
+	                                    "true",  "false", "unit", "module",
+	                                    "builtin.module", "attributes"};
+	size_t line = 1;
+	for (size_t i = 0; i < len; i++) {
+		char ch = s[i];
+		if (ch == '\n') {
+			line++;
+		} else if (ch == '"') {
+			for (i++; i < len && s[i] != '"'; i++) {
+				if (s[i] == '\\')
+					i++;
+				else if (s[i] == '\n')
+					line++;
+			}
+		} else if (ch == '/' && i + 1 < len && s[i + 1] == '/') {
+			while (i + 1 < len && s[i + 1] != '\n')
+				i++;
+		} else if (ch >= '0' && ch <= '9') {
+			/* A number: digits, a hex body, a fraction, an exponent. */
+			while (i + 1 < len && (is_ident_char(s[i + 1]) ||
+			                       ((s[i + 1] == '+' || s[i + 1] == '-') &&
+			                        (s[i] == 'e' || s[i] == 'E'))))
+				i++;
+		} else if (is_ident_char(ch)) {
+			size_t b = i;
+			while (i + 1 < len && is_ident_char(s[i + 1]))
+				i++;
+			size_t n = i - b + 1, j = i + 1;
+			while (j < len && (s[j] == ' ' || s[j] == '\t'))
+				j++;
+			bool ok = j < len && s[j] == '='; /* an attribute name */
+			for (size_t w = 0; !ok && w < sizeof words / sizeof words[0]; w++)
+				ok = strlen(words[w]) == n && memcmp(words[w], s + b, n) == 0;
+			if (!ok) {
+				snprintf(out_word, word_cap, "%.*s", (int)(n < 40 ? n : 40), s + b);
+				*out_line = line;
+				return -1;
+			}
+		} else if (ch == '^') {
+			/* A block label (^bb0:), which generic form prints for empty
+			 * blocks. */
+			while (i + 1 < len && is_ident_char(s[i + 1]))
+				i++;
+		} else if (!strchr(" \t\r(){}[]<>=:,-+", ch)) {
+			snprintf(out_word, word_cap, "%c", ch);
+			*out_line = line;
+			return -1;
+		}
+	}
+	return 0;
+}
+
 typedef struct reader {
 	diag_sink d;
 	kiln_arena *a;
@@ -988,6 +1059,13 @@ int kiln_mlir_read_schedule(const char *text, size_t len, kiln_arena *a, kiln_pl
 		return -1;
 	}
 	size_t line = 0;
+	char word[48];
+	if (only_kiln_syntax(text, len, &line, word, sizeof word) != 0) {
+		report(&r.d, none,
+		       "not valid MLIR as kilnc writes it: '%s' (line %zu) is outside its syntax", word,
+		       line);
+		return -1;
+	}
 	if (max_nesting(text, len, &line) > MAX_NESTING) {
 		report(&r.d, none,
 		       "brackets nest deeper than %d levels (line %zu): not kiln's MLIR",

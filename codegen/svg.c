@@ -268,7 +268,7 @@ typedef struct svg_counts {
 typedef struct pending {
 	double x0, x1;
 	kiln_task_kind kind;
-	int32_t n;             /* tasks in it; 0: none pending */
+	long n;                /* tasks in it; 0: none pending */
 	bool sliver;           /* it began as a sliver, so more slivers may join */
 	const kiln_task *task; /* the first, for the tooltip */
 	int32_t layer;

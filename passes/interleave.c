@@ -154,8 +154,13 @@ static int32_t split_chunks(const kiln_ir_graph *g, const kiln_ir_layer *ly, boo
 		const kiln_ir_op *op = &g->ops[o];
 		if (op->backward != backward)
 			continue;
-		double us = kiln_cost_op_time_us(g, op, nl);
-		if (is_comm(op->kind)) {
+		/* Pipeline transfers happen once per stage boundary and micro-batch,
+		 * not per layer: the representative layer of a stage may hold them,
+		 * but a template (drawn for every layer) must not. They join the
+		 * chunks as zero-cost glue, like the input marker. */
+		bool pp = op->kind == KILN_OP_PP_SEND;
+		double us = pp ? 0 : kiln_cost_op_time_us(g, op, nl);
+		if (!pp && is_comm(op->kind)) {
 			if (open && !cur && (out[nc - 1].name = concat(a, kiln_ir_op_kind_name(
 			                                                      g->ops[first_glue].kind),
 			                                                  backward ? ".bwd" : "")) == NULL)
@@ -180,7 +185,10 @@ static int32_t split_chunks(const kiln_ir_graph *g, const kiln_ir_layer *ly, boo
 		}
 		/* A glue-only chunk is named after its first op other than the
 		 * zero-cost input marker. */
-		if (!cur && g->ops[first_glue].kind == KILN_OP_INPUT && op->kind != KILN_OP_INPUT)
+		if (!cur &&
+		    (g->ops[first_glue].kind == KILN_OP_INPUT ||
+		     g->ops[first_glue].kind == KILN_OP_PP_SEND) &&
+		    op->kind != KILN_OP_INPUT && op->kind != KILN_OP_PP_SEND)
 			first_glue = o;
 		out[nc - 1].us += us;
 		chunk_of[o - ly->op_begin] = nc - 1;
@@ -1132,7 +1140,10 @@ int kiln_schedule_verify(const kiln_task *tasks, int32_t n, double mem_limit_byt
 			          t->name ? t->name : "?");
 			continue;
 		}
-		if (!(t->start_us >= -eps) || fabs(t->end_us - t->start_us - t->duration_us) > eps)
+		/* Written so that NaN fails every test. */
+		if (!isfinite(t->start_us) || !isfinite(t->end_us) || !isfinite(t->duration_us) ||
+		    !(t->duration_us >= 0) || !(t->mem_bytes >= 0) || !(t->start_us >= -eps) ||
+		    !(fabs(t->end_us - t->start_us - t->duration_us) <= eps))
 			VIOLATION("schedule: task %d (%s): start %g end %g but duration %g\n", i,
 			          t->name ? t->name : "?", t->start_us, t->end_us, t->duration_us);
 		for (int32_t d = 0; d < t->n_deps; d++) {
@@ -1142,7 +1153,7 @@ int kiln_schedule_verify(const kiln_task *tasks, int32_t n, double mem_limit_byt
 				          t->name ? t->name : "?", j);
 				continue;
 			}
-			if (tasks[j].end_us > t->start_us + eps)
+			if (j == i || !(tasks[j].end_us <= t->start_us + eps))
 				VIOLATION("schedule: task %d (%s) starts at %g before its dep %d (%s) ends "
 				          "at %g\n",
 				          i, t->name ? t->name : "?", t->start_us, j,
@@ -1159,6 +1170,10 @@ int kiln_schedule_verify(const kiln_task *tasks, int32_t n, double mem_limit_byt
 				VIOLATION("schedule: tasks %d (%s) and %d (%s) overlap on stream %s\n", i,
 				          t->name ? t->name : "?", j, u->name ? u->name : "?",
 				          kiln_stream_name(t->stream));
+			/* Every position of a chain is taken once. */
+			if (u->chain == t->chain && u->index == t->index && j > i)
+				VIOLATION("schedule: tasks %d and %d share chain %d position %d\n", i, j,
+				          t->chain, t->index);
 			/* Chain order of non-copy tasks. */
 			if (u->chain == t->chain && !is_copy(t) && !is_copy(u) && u->index < t->index &&
 			    u->end_us > t->start_us + eps)

@@ -335,3 +335,92 @@ Test(cli_hostile, not_a_regular_file)
 	cr_assert_not_null(strstr(r.err, "not a regular file"), "%s", r.err);
 	kt_run_free(&r);
 }
+
+/* Views go into place whole, all or none, and never replace what is not a
+ * regular file. */
+Test(cli_views, devices_symlinks_and_aliases)
+{
+	const char *tiny = kt_src("examples/models/tiny.yaml");
+	/* /dev/null stays a device (renaming over it would replace the node). */
+	kt_run r = RUN("compile", tiny, "--emit-trace", "/dev/null");
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	struct stat st;
+	cr_assert_eq(stat("/dev/null", &st), 0);
+	cr_assert(S_ISCHR(st.st_mode), "/dev/null is no longer a device");
+
+	char dir[] = "/tmp/kiln-views-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char a[128], b[128], link[128], real[128];
+	snprintf(a, sizeof a, "%s/x.json", dir);
+	snprintf(b, sizeof b, "%s/./x.json", dir);
+	/* Two names of one file: refused, nothing written. */
+	r = RUN("compile", tiny, "--emit-trace", a, "--emit-svg", b);
+	cr_assert_eq(r.status, 1, "%s", r.err);
+	cr_assert_not_null(strstr(r.err, "are the same file"), "%s", r.err);
+	cr_assert_neq(access(a, F_OK), 0, "a view was left behind");
+	kt_run_free(&r);
+	/* One unwritable view: the other is not written either. */
+	r = RUN("compile", tiny, "--emit-trace", a, "--emit-svg", "/nonexistent-dir/y.svg");
+	cr_assert_eq(r.status, 1);
+	cr_assert_neq(access(a, F_OK), 0, "a view was written although another failed");
+	kt_run_free(&r);
+	/* A dangling symlink: the view lands at its target, the link stays. */
+	snprintf(link, sizeof link, "%s/link.svg", dir);
+	snprintf(real, sizeof real, "%s/real.svg", dir);
+	cr_assert_eq(symlink("real.svg", link), 0);
+	r = RUN("compile", tiny, "--emit-svg", link);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	cr_assert_eq(lstat(link, &st), 0);
+	cr_assert(S_ISLNK(st.st_mode), "the symlink was replaced");
+	cr_assert_eq(stat(real, &st), 0);
+	cr_assert(S_ISREG(st.st_mode) && st.st_size > 0);
+	unlink(link);
+	unlink(real);
+	rmdir(dir);
+}
+
+/* viz reads only what kilnc writes: MLIR that would send MLIR's parser into
+ * deep recursion, and schedules that are not schedules, are refused. */
+Test(cli_views, viz_refuses_foreign_mlir_and_invalid_schedules)
+{
+	size_t n = 20000;
+	char *deep = malloc(n + 256);
+	cr_assert_not_null(deep);
+	int k = snprintf(deep, 256, "\"builtin.module\"() ({}) {x = affine_map<(d0) -> (");
+	memset(deep + k, '-', n);
+	snprintf(deep + k + n, 64, "d0)>} : () -> ()\n");
+	char *path = kt_temp_file(".mlir", deep, strlen(deep));
+	kt_run r = RUN("viz", path, "-o", "/tmp/kiln-never.svg");
+	cr_assert_eq(r.status, 1, "status %d: %s", r.status, r.err);
+	cr_assert_not_null(strstr(r.err, "affine_map"), "%s", r.err);
+	kt_run_free(&r);
+	unlink(path);
+	free(path);
+	free(deep);
+	/* A template whose second task starts before its dependency ends. */
+	static const char bad[] =
+	    "\"kiln.schedule\"() ({\n"
+	    "\"kiln.template\"() ({\n"
+	    "\"kiln.task\"() {chain = 0 : i64, deps = array<i32>, duration_us = 2.0 : f64, "
+	    "end_us = 2.0 : f64, index = 0 : i64, kind = \"forward\", mem_bytes = 0.0 : f64, "
+	    "name = \"a\", start_us = 0.0 : f64, stream = \"compute\"} : () -> ()\n"
+	    "\"kiln.task\"() {chain = 0 : i64, deps = array<i32: 0>, duration_us = 1.0 : f64, "
+	    "end_us = 2.0 : f64, index = 1 : i64, kind = \"forward\", mem_bytes = 0.0 : f64, "
+	    "name = \"b\", start_us = 1.0 : f64, stream = \"comm\"} : () -> ()\n"
+	    "}) {base_us = 2.0 : f64, id = 0 : i64, kind = \"moe\", load_factor = 1.0 : f64, "
+	    "makespan_us = 2.0 : f64, plan = 0 : i64, serial_us = 3.0 : f64, stage = 0 : i64} : () "
+	    "-> ()\n"
+	    "\"kiln.timeline\"() {layers = array<i32: 0>, stage = 0 : i64, templates = "
+	    "array<i32: 0>} : () -> ()\n"
+	    "}) {model = \"m\"} : () -> ()\n";
+	path = kt_temp_file(".mlir", bad, sizeof bad - 1);
+	r = RUN("viz", path, "-o", "/tmp/kiln-never.json");
+	cr_assert_eq(r.status, 1, "status %d: %s", r.status, r.err);
+	cr_assert_not_null(strstr(r.err, "not a valid schedule"), "%s", r.err);
+	cr_assert_neq(access("/tmp/kiln-never.json", F_OK), 0);
+	kt_run_free(&r);
+	unlink(path);
+	free(path);
+}

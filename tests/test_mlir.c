@@ -401,7 +401,13 @@ static void expect_refused(const char *what, const char *text, size_t len, const
 	"\"kiln.timeline\"() {layers = array<i32: 3>, stage = 0 : i64, "                           \
 	"templates = array<i32: " tpl ">} : () -> ()\n"
 
-static const char VALID[] = SCHEDULE(TEMPLATE(TASK("", "") TASK(": 0", ""), "") TIMELINE("0"));
+/* The task after TASK in its chain: position 1, from 1 to 2. */
+#define TASK2(deps)                                                                                \
+	"\"kiln.task\"() {chain = 0 : i64, deps = array<i32" deps ">, duration_us = 1.0 : f64, "   \
+	"end_us = 2.0 : f64, index = 1 : i64, kind = \"forward\", mem_bytes = 0.0 : f64, "         \
+	"name = \"u\", start_us = 1.0 : f64, stream = \"compute\"} : () -> ()\n"
+
+static const char VALID[] = SCHEDULE(TEMPLATE(TASK("", "") TASK2(": 0"), "") TIMELINE("0"));
 
 Test(mlir_read, minimal_schedule_is_read)
 {

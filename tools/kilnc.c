@@ -4,6 +4,7 @@
  * 3 infeasible plan (from `compile`).
  */
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -410,58 +411,159 @@ static int view_mlir(const void *arg, FILE *f)
 	return rc;
 }
 
-/* Writes path through a temporary file beside it (same directory, so the
- * rename is atomic), renamed into place only when fn succeeded and every
- * byte was written: path is then complete, and otherwise untouched. Returns
- * 0, or EXIT_INPUT after reporting. */
-static int write_view(const char *path, view_fn fn, const void *arg)
+/* A view on its way to its file. Regular files (and new ones) are written
+ * to a temporary file beside their real target (symlinks resolved) and
+ * renamed into place only when every view of the command has succeeded, so
+ * a failing command leaves every target as it was. Anything else (a device
+ * such as /dev/null, a FIFO) is written directly: renaming over it would
+ * replace the node. */
+typedef struct staged_view {
+	const char *path;  /* as given */
+	char *target;      /* where the bytes go in the end (malloc'd) */
+	char *tmp;         /* temporary file, or NULL when written directly */
+} staged_view;
+
+/* The canonical name of path: realpath of the file, or of its directory plus
+ * its base name when it does not exist yet. malloc'd, or NULL. */
+static char *canonical_path(const char *path)
 {
-	static const char suffix[] = ".tmp.XXXXXX";
-	size_t n = strlen(path);
-	char *tmp = malloc(n + sizeof suffix);
-	if (!tmp) {
-		fprintf(stderr, "kilnc: error: out of memory writing %s\n", path);
-		return EXIT_INPUT;
+	char *r = realpath(path, NULL);
+	if (r)
+		return r;
+	/* A dangling symlink: follow it to where its target would be. */
+	struct stat lst;
+	char link[4096];
+	ssize_t len;
+	if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode) &&
+	    (len = readlink(path, link, sizeof link - 1)) > 0) {
+		link[len] = '\0';
+		static int depth;
+		if (depth > 8)
+			return NULL;
+		const char *slash = strrchr(path, '/');
+		char *next;
+		if (link[0] == '/' || !slash) {
+			next = strdup(link);
+		} else {
+			size_t n = (size_t)(slash - path) + 1 + strlen(link) + 1;
+			next = malloc(n);
+			if (next)
+				snprintf(next, n, "%.*s/%s", (int)(slash - path), path, link);
+		}
+		if (!next)
+			return NULL;
+		depth++;
+		char *out = canonical_path(next);
+		depth--;
+		free(next);
+		return out;
 	}
-	memcpy(tmp, path, n);
-	memcpy(tmp + n, suffix, sizeof suffix);
-	int fd = mkstemp(tmp);
-	if (fd < 0) {
-		fprintf(stderr, "kilnc: error: cannot write %s: %s\n", path, strerror(errno));
-		free(tmp);
-		return EXIT_INPUT;
-	}
-	/* mkstemp makes the file 0600; give it the mode a plain fopen would. */
-	mode_t mask = umask(0);
-	umask(mask);
-	int rc = fchmod(fd, 0666 & ~mask) == 0 ? 0 : -1;
-	FILE *f = fdopen(fd, "wb");
-	if (!f) {
-		close(fd);
-		rc = -1;
-	} else {
-		if (rc == 0)
-			rc = fn(arg, f);
-		if (fflush(f) != 0 || ferror(f))
-			rc = -1;
-		if (fclose(f) != 0)
-			rc = -1;
-	}
-	if (rc == 0 && rename(tmp, path) != 0) {
-		fprintf(stderr, "kilnc: error: cannot write %s: %s\n", path, strerror(errno));
-		unlink(tmp);
-		free(tmp);
-		return EXIT_INPUT;
-	}
-	if (rc != 0) {
-		unlink(tmp);
-		fprintf(stderr, "kilnc: error: writing %s failed\n", path);
-	}
-	free(tmp);
-	return rc == 0 ? EXIT_OK : EXIT_INPUT;
+	const char *slash = strrchr(path, '/');
+	char *dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+	char *rdir = dir ? realpath(dir, NULL) : NULL;
+	free(dir);
+	if (!rdir)
+		return NULL;
+	const char *base = slash ? slash + 1 : path;
+	size_t n = strlen(rdir) + strlen(base) + 2;
+	char *out = malloc(n);
+	if (out)
+		snprintf(out, n, "%s/%s", rdir, base);
+	free(rdir);
+	return out;
 }
 
-/* The views compile was asked for. Returns 0 or EXIT_INPUT (reported). */
+/* Writes one view into its staging place. Returns 0 or EXIT_INPUT (reported). */
+static int stage_view(staged_view *v, view_fn fn, const void *arg)
+{
+	struct stat st;
+	v->target = canonical_path(v->path);
+	if (!v->target) {
+		fprintf(stderr, "kilnc: error: cannot write %s: %s\n", v->path, strerror(errno));
+		return EXIT_INPUT;
+	}
+	bool exists = stat(v->target, &st) == 0;
+	if (exists && S_ISDIR(st.st_mode)) {
+		fprintf(stderr, "kilnc: error: cannot write %s: it is a directory\n", v->path);
+		return EXIT_INPUT;
+	}
+	FILE *f;
+	if (exists && !S_ISREG(st.st_mode)) {
+		f = fopen(v->target, "wb");
+		if (!f) {
+			fprintf(stderr, "kilnc: error: cannot write %s: %s\n", v->path, strerror(errno));
+			return EXIT_INPUT;
+		}
+	} else {
+		static const char suffix[] = ".tmp.XXXXXX";
+		size_t n = strlen(v->target);
+		v->tmp = malloc(n + sizeof suffix);
+		if (!v->tmp) {
+			fprintf(stderr, "kilnc: error: out of memory writing %s\n", v->path);
+			return EXIT_INPUT;
+		}
+		memcpy(v->tmp, v->target, n);
+		memcpy(v->tmp + n, suffix, sizeof suffix);
+		int fd = mkstemp(v->tmp);
+		if (fd < 0) {
+			fprintf(stderr, "kilnc: error: cannot write %s: %s\n", v->path, strerror(errno));
+			free(v->tmp);
+			v->tmp = NULL;
+			return EXIT_INPUT;
+		}
+		/* mkstemp makes the file 0600; give it the mode a plain fopen would. */
+		mode_t mask = umask(0);
+		umask(mask);
+		if (fchmod(fd, exists ? st.st_mode & 07777 : 0666 & ~mask) != 0 ||
+		    !(f = fdopen(fd, "wb"))) {
+			close(fd);
+			fprintf(stderr, "kilnc: error: cannot write %s: %s\n", v->path, strerror(errno));
+			return EXIT_INPUT;
+		}
+	}
+	int rc = fn(arg, f);
+	if (fflush(f) != 0 || ferror(f))
+		rc = -1;
+	if (fclose(f) != 0)
+		rc = -1;
+	if (rc != 0) {
+		fprintf(stderr, "kilnc: error: writing %s failed\n", v->path);
+		return EXIT_INPUT;
+	}
+	return EXIT_OK;
+}
+
+/* Renames every staged view into place when ok, else removes the temporary
+ * files; frees everything. Returns 0 or EXIT_INPUT (reported). */
+static int commit_views(staged_view *v, int n, bool ok)
+{
+	int rc = ok ? EXIT_OK : EXIT_INPUT;
+	for (int i = 0; i < n; i++) {
+		if (v[i].tmp) {
+			if (rc == EXIT_OK && rename(v[i].tmp, v[i].target) != 0) {
+				fprintf(stderr, "kilnc: error: cannot write %s: %s\n", v[i].path,
+				        strerror(errno));
+				rc = EXIT_INPUT;
+			}
+			if (rc != EXIT_OK)
+				unlink(v[i].tmp);
+		}
+		free(v[i].tmp);
+		free(v[i].target);
+	}
+	return rc;
+}
+
+/* One view to one file (kilnc viz). */
+static int write_view(const char *path, view_fn fn, const void *arg)
+{
+	staged_view v = {.path = path};
+	int rc = stage_view(&v, fn, arg);
+	return commit_views(&v, 1, rc == EXIT_OK);
+}
+
+/* The views compile was asked for, all or none. Returns 0 or EXIT_INPUT
+ * (reported). */
 static int write_views(const options *o, const kiln_compilation *c)
 {
 	if (!o->emit_mlir && !o->emit_trace && !o->emit_svg)
@@ -471,14 +573,29 @@ static int write_views(const options *o, const kiln_compilation *c)
 		                "not run)\n");
 		return EXIT_INPUT;
 	}
-	int rc = EXIT_OK;
-	if (o->emit_mlir)
-		rc = write_view(o->emit_mlir, view_mlir, c);
-	if (rc == EXIT_OK && o->emit_trace)
-		rc = write_view(o->emit_trace, view_trace, c->schedule);
-	if (rc == EXIT_OK && o->emit_svg)
-		rc = write_view(o->emit_svg, view_svg, c->schedule);
-	return rc;
+	staged_view v[3];
+	int n = 0, rc = EXIT_OK;
+	if (o->emit_mlir) {
+		v[n] = (staged_view){.path = o->emit_mlir};
+		rc = stage_view(&v[n++], view_mlir, c);
+	}
+	if (rc == EXIT_OK && o->emit_trace) {
+		v[n] = (staged_view){.path = o->emit_trace};
+		rc = stage_view(&v[n++], view_trace, c->schedule);
+	}
+	if (rc == EXIT_OK && o->emit_svg) {
+		v[n] = (staged_view){.path = o->emit_svg};
+		rc = stage_view(&v[n++], view_svg, c->schedule);
+	}
+	/* Two names for one file (x.json and ./x.json) would overwrite each other. */
+	for (int i = 0; i < n && rc == EXIT_OK; i++)
+		for (int j = i + 1; j < n && rc == EXIT_OK; j++)
+			if (v[i].target && v[j].target && strcmp(v[i].target, v[j].target) == 0) {
+				fprintf(stderr, "kilnc: error: '%s' and '%s' are the same file\n", v[i].path,
+				        v[j].path);
+				rc = EXIT_INPUT;
+			}
+	return commit_views(v, n, rc == EXIT_OK);
 }
 
 /* Reads a regular file of at most VIZ_MAX_BYTES into a malloc'd buffer.
@@ -537,6 +654,47 @@ static bool has_suffix(const char *s, const char *suffix)
 {
 	size_t n = strlen(s), k = strlen(suffix);
 	return n >= k && strcasecmp(s + n - k, suffix) == 0;
+}
+
+/* Task events a view may draw: a small file that repeats a big template in
+ * long timelines would otherwise ask for gigabytes of output. */
+#define VIZ_MAX_EVENTS 20000000
+
+/* The writers trust their schedule; one read from a file must first be a
+ * schedule (every template verifies) of a drawable size. Returns 0 or
+ * EXIT_INPUT (reported). */
+static int check_drawable(const char *plan, const kiln_plan_schedule *s)
+{
+	for (int32_t k = 0; k < s->n_templates; k++) {
+		const kiln_template *t = &s->templates[k];
+		if (kiln_schedule_verify(t->tasks, t->n_tasks, INFINITY, NULL) != 0) {
+			fprintf(stderr,
+			        "%s: error: kiln.template %d is not a valid schedule (dependencies, "
+			        "streams, chain order or times)\n",
+			        plan, (int)k);
+			return EXIT_INPUT;
+		}
+	}
+	int64_t events = 0;
+	double span = 0;
+	for (int32_t k = 0; k < s->n_stages; k++) {
+		const kiln_stage_timeline *tl = &s->stages[k];
+		double stage_span = 0;
+		for (int32_t l = 0; l < tl->n_layers; l++) {
+			events += s->templates[tl->template_id[l]].n_tasks;
+			stage_span += s->templates[tl->template_id[l]].makespan_us;
+		}
+		if (stage_span > span)
+			span = stage_span;
+	}
+	if (events > VIZ_MAX_EVENTS || !(span <= 1e15)) {
+		fprintf(stderr,
+		        "%s: error: the timelines hold %lld task events over %g us, more than a view "
+		        "draws (at most %d events and 1e15 us)\n",
+		        plan, (long long)events, span, VIZ_MAX_EVENTS);
+		return EXIT_INPUT;
+	}
+	return EXIT_OK;
 }
 
 static int cmd_viz(int argc, char **argv)
@@ -618,6 +776,8 @@ static int cmd_viz(int argc, char **argv)
 		relay(msg, msg_len, plan);
 		free(msg);
 	}
+	if (rc == EXIT_OK)
+		rc = check_drawable(plan, &s);
 	if (rc == EXIT_OK)
 		rc = write_view(out, fn, &s);
 	kiln_arena_free(a);
