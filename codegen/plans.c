@@ -96,7 +96,8 @@ void kiln_plans_text(const kiln_compilation *c, FILE *out)
 	}
 	fprintf(out, "\nbaselines:\n");
 	for (int k = 0; k < KILN_BASELINE_COUNT; k++)
-		fprintf(out, "  %-20s %s\n", c->baselines[k].name, c->baselines[k].models);
+		fprintf(out, "  %-20s %-13s %s\n", c->baselines[k].name,
+		        c->baselines[k].fits ? "fits at 1" : "OOM at load 1", c->baselines[k].models);
 }
 
 static void add_actions(kiln_json *obj, const kiln_unit_set *set, const uint8_t *act)
@@ -191,6 +192,7 @@ kiln_json *kiln_plans_json(const kiln_compilation *c)
 		kiln_json_add_string(bj, "name", bl->name);
 		kiln_json_add_string(bj, "models", bl->models);
 		kiln_json_add_number(bj, "design_load", bl->design_load);
+		kiln_json_add_bool(bj, "fits", bl->fits);
 		kiln_json *per = kiln_json_add_array(bj, "plans");
 		for (int32_t i = 0; i < c->n_sets; i++) {
 			kiln_json *e = kiln_json_add_object(per, NULL);

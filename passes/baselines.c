@@ -132,6 +132,29 @@ static bool selective_fits(const kiln_compilation *c, int level, uint8_t *scratc
 	return true;
 }
 
+/* Does a baseline's plan fit every stage with every in-flight micro-batch
+ * at its design load (1)? */
+static bool baseline_fits(const kiln_compilation *c, const kiln_baseline *bl)
+{
+	for (int32_t s = 0; s < c->graph->n_stages; s++) {
+		const kiln_stage_budget *bu = &c->budgets[s];
+		fixed_plan fp[8];
+		const kiln_plan_table *tabs[8];
+		int32_t n = 0, pts[8] = {0};
+		for (int32_t i = 0; i < c->n_sets && n < 8; i++) {
+			if (c->sets[i].stage != s)
+				continue;
+			fixed_table(c, &c->sets[i], c->pool->actions[bl->plan[i]], &fp[n]);
+			tabs[n] = &fp[n].t;
+			n++;
+		}
+		if (kiln_budget_cheapest_fit(tabs, n, bu->fixed_bytes, bu->inflight,
+		                             bu->capacity_bytes - bu->static_bytes, 0, pts) != 0)
+			return false;
+	}
+	return true;
+}
+
 int kiln_pass_baselines(kiln_compilation *c)
 {
 	kiln_arena *a = c->arena;
@@ -210,9 +233,11 @@ int kiln_pass_baselines(kiln_compilation *c)
 			c->baselines[KILN_BASELINE_ADAPIPE].plan[first + k] = id;
 		}
 	}
-	for (int k = 0; k < KILN_BASELINE_COUNT; k++)
+	for (int k = 0; k < KILN_BASELINE_COUNT; k++) {
 		for (int32_t i = 0; i < c->n_sets; i++)
 			if (c->baselines[k].plan[i] < 0)
 				return -1;
+		c->baselines[k].fits = baseline_fits(c, &c->baselines[k]);
+	}
 	return 0;
 }

@@ -261,6 +261,8 @@ struct kiln_baseline {
 	const char *models; /* the peer flags or paper it models */
 	int32_t *plan;      /* per unit set: pool index */
 	double design_load; /* load factor it was tuned for */
+	bool fits;          /* every stage fits at the design load (when false, the plan is
+	                       the closest the rule gets: the run would go out of memory) */
 };
 
 const char *kiln_baseline_name(kiln_baseline_kind k);

@@ -330,6 +330,13 @@ Test(plan, baselines_follow_their_rules)
 				cr_assert_neq(ada[u], KILN_ACT_OFFLOAD);
 			}
 		}
+		/* AdaPipe may recompute whatever full recompute does, so it fits
+		 * wherever full recompute fits; static-aggressive keeps more than
+		 * full recompute, so it never fits where full recompute does not. */
+		if (c.baselines[KILN_BASELINE_FULL_RECOMPUTE].fits)
+			cr_assert(c.baselines[KILN_BASELINE_ADAPIPE].fits, "%s", MODELS[mi]);
+		else
+			cr_assert(!c.baselines[KILN_BASELINE_STATIC_AGGRESSIVE].fits, "%s", MODELS[mi]);
 		kiln_arena_free(a);
 	}
 }
