@@ -1,6 +1,8 @@
 /* tests/kiln_test.c: helpers shared by the test suites (no tests here). */
 #include "kiln_test.h"
 
+#include "passes/passes.h"
+
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -109,4 +111,71 @@ const char *kt_src(const char *rel)
 	static char buf[4096];
 	snprintf(buf, sizeof buf, "%s/%s", KILN_SOURCE_DIR, rel);
 	return buf;
+}
+
+void kt_model_init(kt_model *t)
+{
+	memset(t, 0, sizeof(*t));
+	kiln_model *m = &t->m;
+	m->path = "test.yaml";
+	m->name = "test";
+	m->layers = 4;
+	m->dense_layers = 4;
+	m->hidden = 64;
+	m->ffn_hidden = 256;
+	m->heads = 4;
+	m->kv_heads = 4;
+	m->head_dim = 16;
+	m->vocab = 1000;
+	m->seq_len = 128;
+	m->attention = KILN_ATTN_FLASH;
+	m->activation = KILN_FN_SWIGLU;
+	m->moe_activation = KILN_FN_SWIGLU;
+	m->micro_batch = 1;
+	m->global_batch = 8;
+	m->dtype = KILN_DTYPE_BF16;
+	m->optimizer = KILN_OPTIM_ADAM;
+	m->devices = 1;
+	m->tp = m->pp = m->ep = m->vpp = 1;
+	m->schedule = KILN_SCHED_1F1B;
+	m->max_factor = 2.0;
+	m->hw = (kiln_hardware){.name = "test",
+	                        .source = "<test>",
+	                        .memory_gib = 80,
+	                        .reserved_gib = 4,
+	                        .peak_tflops = 1000,
+	                        .gemm_efficiency = 0.5,
+	                        .hbm_gbps = 3000,
+	                        .h2d_gbps = 25,
+	                        .d2h_gbps = 25,
+	                        .host_memory_gib = 1024,
+	                        .devices_per_node = 8,
+	                        .intra_node_gbps = 400,
+	                        .inter_node_gbps = 50};
+}
+
+void kt_model_finish(kt_model *t)
+{
+	kiln_model *m = &t->m;
+	int64_t c = m->pp * m->vpp;
+	for (int64_t i = 0; i < c; i++)
+		t->chunks[i] = m->layers / c + (i < m->layers % c ? 1 : 0);
+	m->stage_layers = t->chunks;
+	m->n_stage_layers = (size_t)c;
+	if (!m->moe)
+		m->dense_layers = m->layers;
+	m->dp = m->devices / (m->tp * m->pp);
+	m->edp = m->dp * m->tp / m->ep;
+	m->micro_batches = m->global_batch / (m->micro_batch * m->dp);
+}
+
+kiln_ir_graph *kt_lower_ok(const kiln_model *m, kiln_arena **arena)
+{
+	*arena = kiln_arena_new();
+	cr_assert_not_null(*arena);
+	kiln_ir_graph *g = NULL;
+	cr_assert_eq(kiln_pass_lower(m, *arena, &g), 0);
+	cr_assert_not_null(g);
+	cr_assert_eq(kiln_ir_graph_verify(g, stderr), 0);
+	return g;
 }

@@ -3,6 +3,9 @@
 #define KILN_TEST_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "ir/ir.h"
 
 /* Result of running kilnc: exit status (or -1 when it did not exit
  * normally, e.g. a crash), and its whole stdout and stderr, NUL-terminated,
@@ -26,5 +29,21 @@ char *kt_temp_file(const char *suffix, const void *data, size_t len);
 
 /* Path of a file in the source tree (static buffer, valid until next call). */
 const char *kt_src(const char *rel);
+
+/* A model built in C for tests of the IR and cost model, with every field
+ * set: kt_model_init gives a small dense model on one device; change what
+ * the test is about, then kt_model_finish derives the stage split and sizes
+ * as the frontend does. */
+typedef struct kt_model {
+	kiln_model m;
+	int64_t chunks[64];
+} kt_model;
+
+void kt_model_init(kt_model *t);
+void kt_model_finish(kt_model *t);
+
+/* Lowers m into a new arena (*arena, the caller frees it) and asserts the
+ * graph verifies. */
+kiln_ir_graph *kt_lower_ok(const kiln_model *m, kiln_arena **arena);
 
 #endif

@@ -9,81 +9,11 @@
 
 #include "costmodel/costmodel.h"
 #include "passes/passes.h"
+#include "kiln_test.h"
 
-typedef struct tmodel {
-	kiln_model m;
-	int64_t chunks[64];
-} tmodel;
 
-/* A small dense model on one device with every field set; callers change
- * what they test and then call tm_finish. */
-static void tm_init(tmodel *t)
-{
-	memset(t, 0, sizeof(*t));
-	kiln_model *m = &t->m;
-	m->path = "test.yaml";
-	m->name = "test";
-	m->layers = 4;
-	m->dense_layers = 4;
-	m->hidden = 64;
-	m->ffn_hidden = 256;
-	m->heads = 4;
-	m->kv_heads = 4;
-	m->head_dim = 16;
-	m->vocab = 1000;
-	m->seq_len = 128;
-	m->attention = KILN_ATTN_FLASH;
-	m->activation = KILN_FN_SWIGLU;
-	m->moe_activation = KILN_FN_SWIGLU;
-	m->micro_batch = 1;
-	m->global_batch = 8;
-	m->dtype = KILN_DTYPE_BF16;
-	m->optimizer = KILN_OPTIM_ADAM;
-	m->devices = 1;
-	m->tp = m->pp = m->ep = m->vpp = 1;
-	m->schedule = KILN_SCHED_1F1B;
-	m->max_factor = 2.0;
-	m->hw = (kiln_hardware){.name = "test",
-	                        .source = "<test>",
-	                        .memory_gib = 80,
-	                        .reserved_gib = 4,
-	                        .peak_tflops = 1000,
-	                        .gemm_efficiency = 0.5,
-	                        .hbm_gbps = 3000,
-	                        .h2d_gbps = 25,
-	                        .d2h_gbps = 25,
-	                        .host_memory_gib = 1024,
-	                        .devices_per_node = 8,
-	                        .intra_node_gbps = 400,
-	                        .inter_node_gbps = 50};
-}
 
-/* Even split into pp * vpp chunks and the derived sizes, as the frontend does. */
-static void tm_finish(tmodel *t)
-{
-	kiln_model *m = &t->m;
-	int64_t c = m->pp * m->vpp;
-	for (int64_t i = 0; i < c; i++)
-		t->chunks[i] = m->layers / c + (i < m->layers % c ? 1 : 0);
-	m->stage_layers = t->chunks;
-	m->n_stage_layers = (size_t)c;
-	if (!m->moe)
-		m->dense_layers = m->layers;
-	m->dp = m->devices / (m->tp * m->pp);
-	m->edp = m->dp * m->tp / m->ep;
-	m->micro_batches = m->global_batch / (m->micro_batch * m->dp);
-}
 
-static kiln_ir_graph *lower_ok(const kiln_model *m, kiln_arena **arena)
-{
-	*arena = kiln_arena_new();
-	cr_assert_not_null(*arena);
-	kiln_ir_graph *g = NULL;
-	cr_assert_eq(kiln_pass_lower(m, *arena, &g), 0);
-	cr_assert_not_null(g);
-	cr_assert_eq(kiln_ir_graph_verify(g, stderr), 0);
-	return g;
-}
 
 static int32_t first_layer_of(const kiln_ir_graph *g, kiln_layer_kind kind)
 {
@@ -142,9 +72,9 @@ static const kcase kcases[] = {
 
 /* The setting of Korthikanti et al.: eager attention, GeLU, ffn = 4h,
  * dropout, d = h/H, no GQA, 16-bit activations. */
-static void korthikanti_model(tmodel *tm, const kcase *k, bool sp)
+static void korthikanti_model(kt_model *tm, const kcase *k, bool sp)
 {
-	tm_init(tm);
+	kt_model_init(tm);
 	kiln_model *m = &tm->m;
 	m->layers = 2;
 	m->seq_len = (int64_t)k->s;
@@ -159,7 +89,7 @@ static void korthikanti_model(tmodel *tm, const kcase *k, bool sp)
 	m->tp = (int64_t)k->t;
 	m->devices = m->tp;
 	m->sequence_parallel = sp;
-	tm_finish(tm);
+	kt_model_finish(tm);
 }
 
 static const char *const selective[] = {"attn.softmax", "attn.dropout_mask", "attn.probs"};
@@ -174,10 +104,10 @@ Test(lower_korthikanti, table2_every_setting)
 		for (int sp = 0; sp < 2; sp++) {
 			if (sp && t == 1)
 				continue;
-			tmodel tm;
+			kt_model tm;
 			korthikanti_model(&tm, k, sp);
 			kiln_arena *a;
-			kiln_ir_graph *g = lower_ok(&tm.m, &a);
+			kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 			int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
 			uint64_t all = saved_bytes(g, l, NULL, 0, false);
 			uint64_t sel = saved_bytes(g, l, selective, 3, false);
@@ -227,12 +157,12 @@ Test(lower_korthikanti, flash_without_dropout)
 		for (int sp = 0; sp < 2; sp++) {
 			if (sp && t == 1)
 				continue;
-			tmodel tm;
+			kt_model tm;
 			korthikanti_model(&tm, k, sp);
 			tm.m.attention = KILN_ATTN_FLASH;
 			tm.m.dropout = 0;
 			kiln_arena *a;
-			kiln_ir_graph *g = lower_ok(&tm.m, &a);
+			kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 			int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
 			uint64_t want;
 			if (t == 1)
@@ -255,11 +185,11 @@ Test(lower_korthikanti, flash_without_dropout)
 Test(lower_korthikanti, eager_without_dropout)
 {
 	kcase k = {1024, 2, 1024, 8, 1};
-	tmodel tm;
+	kt_model tm;
 	korthikanti_model(&tm, &k, false);
 	tm.m.dropout = 0;
 	kiln_arena *a;
-	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 	int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
 	uint64_t sbh = k.s * k.b * k.h;
 	/* 34 minus the two 1-byte residual masks = 32 s*b*h; of the 5*a*s^2*b
@@ -273,9 +203,9 @@ Test(lower_korthikanti, eager_without_dropout)
 
 /* ---------------------------------------------------------------- MoE */
 
-static void moe_model(tmodel *tm)
+static void moe_model(kt_model *tm)
 {
-	tm_init(tm);
+	kt_model_init(tm);
 	kiln_model *m = &tm->m;
 	m->moe = true;
 	m->layers = 3;
@@ -284,7 +214,7 @@ static void moe_model(tmodel *tm)
 	m->top_k = 2;
 	m->expert_ffn_hidden = 128;
 	m->shared_experts = 0;
-	tm_finish(tm);
+	kt_model_finish(tm);
 	m->dense_layers = 1;
 }
 
@@ -293,10 +223,10 @@ static void moe_model(tmodel *tm)
  *   2*128 + expert_out 2*64 + perm_idx 4 (int32) = 1028 bytes. */
 Test(lower_moe, expert_bytes_linear_in_n)
 {
-	tmodel tm;
+	kt_model tm;
 	moe_model(&tm);
 	kiln_arena *a;
-	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 	int32_t l = first_layer_of(g, KILN_LAYER_MOE);
 	kiln_lin act = kiln_cost_layer_activation(g, l);
 	cr_expect_eq(act.per_n, 1028);
@@ -323,11 +253,11 @@ Test(lower_moe, expert_bytes_linear_in_n)
 /* GeLU experts: 2*64 + 2*128 + 2*128 + 2*64 + 4 = 772 bytes per row. */
 Test(lower_moe, gelu_expert_bytes)
 {
-	tmodel tm;
+	kt_model tm;
 	moe_model(&tm);
 	tm.m.moe_activation = KILN_FN_GELU;
 	kiln_arena *a;
-	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 	cr_expect_eq(kiln_cost_layer_activation(g, first_layer_of(g, KILN_LAYER_MOE)).per_n, 772);
 	kiln_arena_free(a);
 }
@@ -337,17 +267,17 @@ Test(lower_moe, gelu_expert_bytes)
  * = T/t * top_k) with full-width experts. */
 Test(lower_moe, shared_experts_and_tp)
 {
-	tmodel tm;
+	kt_model tm;
 	moe_model(&tm);
 	tm.m.shared_experts = 2;
 	tm.m.tp = 2;
 	tm.m.devices = 4;
 	tm.m.ep = 2;
 	tm.m.sequence_parallel = true;
-	tm_finish(&tm);
+	kt_model_finish(&tm);
 	tm.m.dense_layers = 1;
 	kiln_arena *a;
-	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 	int32_t l = first_layer_of(g, KILN_LAYER_MOE);
 	uint64_t T = 128, fs = 256;
 	cr_expect_eq(g->tensors[find_tensor(g, l, "moe.shared_up")].bytes.base, 2 * T * 2 * fs / 2);
@@ -383,16 +313,16 @@ Test(lower_moe, shared_experts_and_tp)
  * = T * (128+128+64+64+48+32+192+192+128+16+128+128+128+1024+512) = T*2912. */
 Test(lower_mla, saved_bytes_by_hand)
 {
-	tmodel tm;
-	tm_init(&tm);
+	kt_model tm;
+	kt_model_init(&tm);
 	tm.m.mla = true;
 	tm.m.q_lora_rank = 32;
 	tm.m.kv_lora_rank = 16;
 	tm.m.rope_head_dim = 8;
 	tm.m.v_head_dim = 16;
-	tm_finish(&tm);
+	kt_model_finish(&tm);
 	kiln_arena *a;
-	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 	int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
 	cr_expect_eq(kiln_cost_layer_activation(g, l).base, 128u * 2912u);
 	/* Parameters: q_down 64*32, q_norm 32, q_up 32*4*24, kv_down 64*24,
@@ -408,16 +338,16 @@ Test(lower_mla, saved_bytes_by_hand)
 /* Without q_lora the queries come straight from the norm output. */
 Test(lower_mla, without_q_lora)
 {
-	tmodel tm;
-	tm_init(&tm);
+	kt_model tm;
+	kt_model_init(&tm);
 	tm.m.mla = true;
 	tm.m.q_lora_rank = 0;
 	tm.m.kv_lora_rank = 16;
 	tm.m.rope_head_dim = 8;
 	tm.m.v_head_dim = 16;
-	tm_finish(&tm);
+	kt_model_finish(&tm);
 	kiln_arena *a;
-	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 	int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
 	cr_expect_eq(find_tensor(g, l, "attn.q_down"), -1);
 	int32_t q = find_op(g, l, "attn.q_up");
@@ -435,14 +365,14 @@ static bool has_op(const kiln_ir_graph *g, int32_t l, const char *name)
 
 Test(lower_structure, one_f_one_b_stages)
 {
-	tmodel tm;
-	tm_init(&tm);
+	kt_model tm;
+	kt_model_init(&tm);
 	tm.m.layers = 8;
 	tm.m.pp = 4;
 	tm.m.devices = 4;
-	tm_finish(&tm);
+	kt_model_finish(&tm);
 	kiln_arena *a;
-	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 	cr_assert_eq(g->n_stages, 4);
 	cr_expect_eq(g->n_layers, 10);
 	/* Stage 0: embed, 0, 1; stage 3: 6, 7, head. */
@@ -480,16 +410,16 @@ Test(lower_structure, one_f_one_b_stages)
  * 4); stage 3 runs 6, 7, 14, 15 and the head. */
 Test(lower_structure, interleaved_chunks)
 {
-	tmodel tm;
-	tm_init(&tm);
+	kt_model tm;
+	kt_model_init(&tm);
 	tm.m.layers = 16;
 	tm.m.pp = 4;
 	tm.m.vpp = 2;
 	tm.m.schedule = KILN_SCHED_INTERLEAVED;
 	tm.m.devices = 4;
-	tm_finish(&tm);
+	kt_model_finish(&tm);
 	kiln_arena *a;
-	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 	static const int32_t want0[] = {-1, 0, 1, 8, 9};
 	static const int32_t want3[] = {6, 7, 14, 15, -1};
 	cr_assert_eq(g->stages[0].layer_end - g->stages[0].layer_begin, 5);
@@ -511,12 +441,12 @@ Test(lower_structure, interleaved_chunks)
 /* Every layer: backward ops mirror forward ops in reverse, same kind. */
 Test(lower_structure, backward_mirrors_forward)
 {
-	tmodel tm;
+	kt_model tm;
 	moe_model(&tm);
 	tm.m.dropout = 0.1;
 	tm.m.attention = KILN_ATTN_EAGER;
 	kiln_arena *a;
-	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 	for (int32_t l = 0; l < g->n_layers; l++) {
 		const kiln_ir_layer *ly = &g->layers[l];
 		int32_t n = ly->op_end - ly->op_begin;
@@ -539,14 +469,14 @@ Test(lower_structure, backward_mirrors_forward)
 Test(lower_structure, tp_collectives)
 {
 	for (int sp = 0; sp < 2; sp++) {
-		tmodel tm;
-		tm_init(&tm);
+		kt_model tm;
+		kt_model_init(&tm);
 		tm.m.tp = 4;
 		tm.m.devices = 4;
 		tm.m.sequence_parallel = sp;
-		tm_finish(&tm);
+		kt_model_finish(&tm);
 		kiln_arena *a;
-		kiln_ir_graph *g = lower_ok(&tm.m, &a);
+		kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 		int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
 		int n = 0;
 		for (int32_t o = g->layers[l].op_begin; o < g->layers[l].op_end; o++) {
@@ -575,13 +505,13 @@ Test(lower_structure, tp_collectives)
  * ffn_up 2*T*h*(2*256/2) = 4194304, backward 2x. */
 Test(lower_structure, flops_by_hand)
 {
-	tmodel tm;
-	tm_init(&tm);
+	kt_model tm;
+	kt_model_init(&tm);
 	tm.m.tp = 2;
 	tm.m.devices = 2;
-	tm_finish(&tm);
+	kt_model_finish(&tm);
 	kiln_arena *a;
-	kiln_ir_graph *g = lower_ok(&tm.m, &a);
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
 	int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
 	cr_expect_float_eq(g->ops[find_op(g, l, "attn.qkv_proj")].flops.base, 1572864.0, 1e-6);
 	cr_expect_float_eq(g->ops[find_op(g, l, "attn.core")].flops.base, 2097152.0, 1e-6);
@@ -605,7 +535,7 @@ Test(lower_pipeline, passes_and_dump)
 		cr_expect_str_eq(kiln_pipeline_pass_name(i), names[i]);
 	cr_expect_null(kiln_pipeline_pass_name(6));
 
-	tmodel tm;
+	kt_model tm;
 	moe_model(&tm);
 	kiln_arena *a = kiln_arena_new();
 	char *buf = NULL, *buf2 = NULL;
