@@ -4,65 +4,31 @@
 #include <string.h>
 
 #include "passes/passes.h"
+#include "kiln_test.h"
 
-typedef struct tmodel {
-	kiln_model m;
-	int64_t chunks[64];
-} tmodel;
 
-/* A small MoE model (3 layers, 1 dense) on pp = 2, tp = 2 with SP, eager
- * attention and dropout, so that every op kind but MLA's appears. */
-static void tm_init(tmodel *t)
+/* A small MoE model with TP, SP and an uneven two-stage split (2 + 1
+ * layers): the shared test model with what the IR tests exercise changed. */
+static void tm_init(kt_model *t)
 {
-	memset(t, 0, sizeof(*t));
+	kt_model_init(t);
 	kiln_model *m = &t->m;
-	m->path = "test.yaml";
 	m->name = "ir-test";
 	m->layers = 3;
-	m->dense_layers = 1;
-	m->hidden = 64;
-	m->ffn_hidden = 256;
-	m->heads = 4;
-	m->kv_heads = 4;
-	m->head_dim = 16;
-	m->vocab = 1000;
-	m->seq_len = 128;
 	m->attention = KILN_ATTN_EAGER;
-	m->activation = KILN_FN_SWIGLU;
 	m->dropout = 0.1;
 	m->moe = true;
+	m->dense_layers = 1;
 	m->experts = 8;
 	m->shared_experts = 1;
 	m->top_k = 2;
 	m->expert_ffn_hidden = 128;
-	m->moe_activation = KILN_FN_SWIGLU;
-	m->micro_batch = 1;
-	m->global_batch = 8;
-	m->dtype = KILN_DTYPE_BF16;
-	m->optimizer = KILN_OPTIM_ADAM;
 	m->devices = 8;
 	m->tp = 2;
 	m->pp = 2;
 	m->ep = 2;
-	m->vpp = 1;
 	m->sequence_parallel = true;
-	m->schedule = KILN_SCHED_1F1B;
-	m->max_factor = 2.0;
-	m->hw = (kiln_hardware){.memory_gib = 80,
-	                        .reserved_gib = 4,
-	                        .peak_tflops = 1000,
-	                        .gemm_efficiency = 0.5,
-	                        .hbm_gbps = 3000,
-	                        .devices_per_node = 8,
-	                        .intra_node_gbps = 400,
-	                        .inter_node_gbps = 50};
-	t->chunks[0] = 2;
-	t->chunks[1] = 1;
-	m->stage_layers = t->chunks;
-	m->n_stage_layers = 2;
-	m->dp = 2;
-	m->edp = 2;
-	m->micro_batches = 4;
+	kt_model_finish(t); /* chunks 2 + 1, dp 2, edp 2, 4 micro-batches */
 }
 
 static kiln_ir_graph *lower_ok(const kiln_model *m, kiln_arena *a)
@@ -118,7 +84,7 @@ Test(ir_ops, act_bytes)
 
 Test(ir_builder, builds_ranges_and_producers)
 {
-	tmodel tm;
+	kt_model tm;
 	tm_init(&tm);
 	kiln_arena *a = kiln_arena_new();
 	kiln_ir_builder *b = kiln_ir_builder_new(a, &tm.m);
@@ -167,7 +133,7 @@ Test(ir_builder, builds_ranges_and_producers)
  * (and frees the builder; ASan checks that). */
 Test(ir_builder, misuse_fails)
 {
-	tmodel tm;
+	kt_model tm;
 	tm_init(&tm);
 	kiln_arena *a = kiln_arena_new();
 	kiln_ir_builder *b = kiln_ir_builder_new(a, &tm.m);
@@ -257,7 +223,7 @@ static void expect_violation(const kiln_ir_graph *c, const char *want)
 
 Test(ir_verify, lowered_graphs_pass)
 {
-	tmodel tm;
+	kt_model tm;
 	tm_init(&tm);
 	kiln_arena *a = kiln_arena_new();
 	kiln_ir_graph *g = lower_ok(&tm.m, a);
@@ -269,7 +235,7 @@ Test(ir_verify, lowered_graphs_pass)
 
 Test(ir_verify, corruptions_are_reported)
 {
-	tmodel tm;
+	kt_model tm;
 	tm_init(&tm);
 	kiln_arena *a = kiln_arena_new();
 	const kiln_ir_graph *g = lower_ok(&tm.m, a);
@@ -365,7 +331,7 @@ static char *print_to_string(const kiln_ir_graph *g)
 
 Test(ir_print, lines_and_stability)
 {
-	tmodel tm;
+	kt_model tm;
 	tm_init(&tm);
 	kiln_arena *a = kiln_arena_new();
 	const kiln_ir_graph *g = lower_ok(&tm.m, a);
