@@ -772,3 +772,29 @@ Test(options, instance_check_rejects_malformed)
 	/* 2 * 4096 quanta saved in all: over the limit. */
 	cr_assert_eq(kiln_cost_instance_check(&in), -1);
 }
+
+/* tiny's MoE layer at load 1, by hand (h 64, T = s*b = 128*2 = 256 tokens,
+ * 4 heads of 16, 2 kv heads, flash, no dropout, 8 experts, top-2, expert
+ * width 128, SwiGLU, bf16, tp 1, so N = T * top_k = 512 rows):
+ *   constant: ln1.in, attn.qkv_in, attn.q, attn.out, ln2.in, moe.in at
+ *   2*256*64 = 32,768 each (6 x = 196,608); attn.k, attn.v 2*256*2*16 =
+ *   16,384 each; attn.lse 4*4*256 = 4,096; moe.probs 4*256*8 = 8,192:
+ *   241,664 bytes.
+ *   per row: perm_idx 4 + expert_in 128 + expert_up 512 + expert_act 256 +
+ *   expert_out 128 = 1,028 bytes; x 512 = 526,336.
+ *   total 241,664 + 526,336 = 768,000 bytes; quantum ceil(768,000 / 1,024) = 750. */
+Test(options, tiny_quantum_by_hand)
+{
+	kiln_ir_graph *g = lower_file("examples/models/tiny.yaml");
+	const kiln_unit_set *set = tiny_moe(g);
+	kiln_plan_instance in;
+	cr_assert_eq(kiln_pass_options(g, set, 512.0, &ADAPTIVE, arena, &in), 0);
+	cr_assert_eq(g->layers[set->layer].n_balanced, 512.0);
+	cr_assert_eq(in.quantum_bytes, 750);
+	double total = 0;
+	for (int32_t u = 0; u < set->n_units; u++)
+		total += kiln_lin_at(set->units[u].bytes, 512.0);
+	cr_assert_eq(total, 768000.0);
+	/* Copy rate: 750 bytes at min(10, 10) GB/s = 0.075 us per quantum. */
+	cr_assert_float_eq(in.offload_us_per_q, 0.075, 1e-12);
+}
