@@ -552,6 +552,27 @@ int kiln_mlir_emit(const kiln_compilation *c, FILE *out, FILE *err)
 
 /* ---------------------------------------------------------------- read */
 
+/* When s[*i] opens a string literal or a // comment, moves *i to its last
+ * character (counting newlines into *line) and returns true. */
+static bool skip_string_or_comment(const char *s, size_t len, size_t *i, size_t *line)
+{
+	if (s[*i] == '"') {
+		for ((*i)++; *i < len && s[*i] != '"'; (*i)++) {
+			if (s[*i] == '\\')
+				(*i)++;
+			else if (s[*i] == '\n')
+				(*line)++;
+		}
+		return true;
+	}
+	if (s[*i] == '/' && *i + 1 < len && s[*i + 1] == '/') {
+		while (*i + 1 < len && s[*i + 1] != '\n')
+			(*i)++;
+		return true;
+	}
+	return false;
+}
+
 /* The deepest bracket nesting in text, counting ( [ { < outside string
  * literals and comments ("->" closes nothing); stops early past MAX_NESTING
  * and sets *out_line to where. */
@@ -562,16 +583,8 @@ static size_t max_nesting(const char *s, size_t len, size_t *out_line)
 		char ch = s[i];
 		if (ch == '\n') {
 			line++;
-		} else if (ch == '"') {
-			for (i++; i < len && s[i] != '"'; i++) {
-				if (s[i] == '\\')
-					i++;
-				else if (s[i] == '\n')
-					line++;
-			}
-		} else if (ch == '/' && i + 1 < len && s[i + 1] == '/') {
-			while (i + 1 < len && s[i + 1] != '\n')
-				i++;
+		} else if (skip_string_or_comment(s, len, &i, &line)) {
+			continue;
 		} else if (ch == '(' || ch == '[' || ch == '{' || ch == '<') {
 			if (++depth > max && (max = depth) > MAX_NESTING) {
 				*out_line = line;
@@ -612,16 +625,8 @@ static int only_kiln_syntax(const char *s, size_t len, size_t *out_line, char *o
 		char ch = s[i];
 		if (ch == '\n') {
 			line++;
-		} else if (ch == '"') {
-			for (i++; i < len && s[i] != '"'; i++) {
-				if (s[i] == '\\')
-					i++;
-				else if (s[i] == '\n')
-					line++;
-			}
-		} else if (ch == '/' && i + 1 < len && s[i + 1] == '/') {
-			while (i + 1 < len && s[i + 1] != '\n')
-				i++;
+		} else if (skip_string_or_comment(s, len, &i, &line)) {
+			continue;
 		} else if (ch >= '0' && ch <= '9') {
 			/* A number: digits, a hex body, a fraction, an exponent. */
 			while (i + 1 < len && (is_ident_char(s[i + 1]) ||

@@ -1,6 +1,7 @@
 /* tests/kiln_test.c: helpers shared by the test suites (no tests here). */
 #include "kiln_test.h"
 
+#include "frontend/frontend.h"
 #include "passes/passes.h"
 
 #include <criterion/criterion.h>
@@ -178,4 +179,23 @@ kiln_ir_graph *kt_lower_ok(const kiln_model *m, kiln_arena **arena)
 	cr_assert_not_null(g);
 	cr_assert_eq(kiln_ir_graph_verify(g, stderr), 0);
 	return g;
+}
+
+const char *const kt_shipped[KT_N_SHIPPED] = {
+	"examples/models/tiny.yaml",          "examples/models/deepseek-v3-671b.yaml",
+	"examples/models/kimi-k2-1t.yaml",    "examples/models/qwen3-235b-a22b.yaml",
+	"examples/models/mixtral-8x22b.yaml", "examples/models/custom-moe-188b.yaml",
+	"examples/models/llama3-8b-dense.yaml",
+};
+
+kiln_compilation kt_compile(const char *rel, int solver, kiln_arena **out_a)
+{
+	kiln_arena *a = kiln_arena_new();
+	cr_assert_not_null(a);
+	kiln_model *m = NULL;
+	cr_assert_eq(kiln_frontend_load_file(kt_src(rel), a, stderr, &m), 0, "%s", rel);
+	kiln_compilation c = {.model = m, .arena = a, .solver = (kiln_solver)solver};
+	cr_assert_eq(kiln_pipeline_compile(&c, NULL, NULL, NULL, stderr), 0, "%s", rel);
+	*out_a = a;
+	return c;
 }

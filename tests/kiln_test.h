@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "ir/ir.h"
+#include "passes/passes.h"
 
 /* Result of running kilnc: exit status (or -1 when it did not exit
  * normally, e.g. a crash), and its whole stdout and stderr, NUL-terminated,
@@ -41,6 +42,15 @@ typedef struct kt_model {
 
 void kt_model_init(kt_model *t);
 void kt_model_finish(kt_model *t);
+
+/* The shipped example models, relative to the source tree. */
+extern const char *const kt_shipped[];
+#define KT_N_SHIPPED 7
+
+/* Loads a shipped model (path relative to the source tree) and runs every
+ * pass with solver; asserts success. *out_a receives the arena the caller
+ * frees. */
+struct kiln_compilation kt_compile(const char *rel, int solver, kiln_arena **out_a);
 
 /* Lowers m into a new arena (*arena, the caller frees it) and asserts the
  * graph verifies. */

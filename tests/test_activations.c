@@ -13,16 +13,6 @@
 #include "kiln_test.h"
 #include "passes/passes.h"
 
-static const char *const SHIPPED[] = {
-    "examples/models/tiny.yaml",
-    "examples/models/deepseek-v3-671b.yaml",
-    "examples/models/kimi-k2-1t.yaml",
-    "examples/models/qwen3-235b-a22b.yaml",
-    "examples/models/mixtral-8x22b.yaml",
-    "examples/models/custom-moe-188b.yaml",
-    "examples/models/llama3-8b-dense.yaml",
-};
-#define N_SHIPPED (sizeof SHIPPED / sizeof SHIPPED[0])
 
 static kiln_arena *arena;
 
@@ -82,8 +72,8 @@ TestSuite(activations, .init = setup, .fini = teardown);
  * layer the set stands for. */
 Test(activations, shipped_sets_cover_layers_and_bytes)
 {
-	for (size_t i = 0; i < N_SHIPPED; i++) {
-		kiln_ir_graph *g = lower(load_model(SHIPPED[i]));
+	for (size_t i = 0; i < KT_N_SHIPPED; i++) {
+		kiln_ir_graph *g = lower(load_model(kt_shipped[i]));
 		kiln_unit_set *sets;
 		int32_t n;
 		units_of(g, &sets, &n);
@@ -97,7 +87,7 @@ Test(activations, shipped_sets_cover_layers_and_bytes)
 			}
 			expect_sets += (dense > 0) + (moe > 0);
 		}
-		cr_assert_eq(n, expect_sets, "%s", SHIPPED[i]);
+		cr_assert_eq(n, expect_sets, "%s", kt_shipped[i]);
 		for (int32_t k = 0; k < n; k++) {
 			const kiln_unit_set *set = &sets[k];
 			const kiln_ir_stage *st = &g->stages[set->stage];
@@ -108,8 +98,8 @@ Test(activations, shipped_sets_cover_layers_and_bytes)
 						first = l;
 					count++;
 				}
-			cr_assert_eq(set->layer, first, "%s", SHIPPED[i]);
-			cr_assert_eq(set->n_layers, count, "%s", SHIPPED[i]);
+			cr_assert_eq(set->layer, first, "%s", kt_shipped[i]);
+			cr_assert_eq(set->n_layers, count, "%s", kt_shipped[i]);
 			kiln_lin sum = {0, 0};
 			for (int32_t u = 0; u < set->n_units; u++) {
 				sum.base += set->units[u].bytes.base;
@@ -119,8 +109,8 @@ Test(activations, shipped_sets_cover_layers_and_bytes)
 				if (g->layers[l].kind != set->kind)
 					continue;
 				kiln_lin want = kiln_cost_layer_activation(g, l);
-				cr_assert_eq(sum.base, want.base, "%s layer %d", SHIPPED[i], l);
-				cr_assert_eq(sum.per_n, want.per_n, "%s layer %d", SHIPPED[i], l);
+				cr_assert_eq(sum.base, want.base, "%s layer %d", kt_shipped[i], l);
+				cr_assert_eq(sum.per_n, want.per_n, "%s layer %d", kt_shipped[i], l);
 			}
 		}
 	}
@@ -140,8 +130,8 @@ static bool in_list(const int32_t *v, int32_t n, int32_t x)
  * closure's ops and the bytes. */
 Test(activations, shipped_units_well_formed)
 {
-	for (size_t i = 0; i < N_SHIPPED; i++) {
-		kiln_ir_graph *g = lower(load_model(SHIPPED[i]));
+	for (size_t i = 0; i < KT_N_SHIPPED; i++) {
+		kiln_ir_graph *g = lower(load_model(kt_shipped[i]));
 		kiln_unit_set *sets;
 		int32_t n;
 		units_of(g, &sets, &n);

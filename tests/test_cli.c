@@ -12,13 +12,6 @@
 
 #define RUN(...) kt_kilnc((const char *const[]){__VA_ARGS__, NULL}, NULL)
 
-static const char *const SHIPPED[] = {
-	"examples/models/tiny.yaml",           "examples/models/deepseek-v3-671b.yaml",
-	"examples/models/kimi-k2-1t.yaml",     "examples/models/qwen3-235b-a22b.yaml",
-	"examples/models/mixtral-8x22b.yaml",  "examples/models/custom-moe-188b.yaml",
-	"examples/models/llama3-8b-dense.yaml",
-};
-#define N_SHIPPED (sizeof SHIPPED / sizeof SHIPPED[0])
 
 Test(cli, version)
 {
@@ -87,11 +80,11 @@ Test(cli, dump_after_lower_prints_the_ir)
 
 Test(cli, every_shipped_model_checks)
 {
-	for (size_t i = 0; i < N_SHIPPED; i++) {
-		kt_run r = RUN("check", kt_src(SHIPPED[i]));
-		cr_assert_eq(r.status, 0, "%s: status %d, stderr: %s", SHIPPED[i], r.status, r.err);
-		cr_assert_not_null(strstr(r.out, ": ok"), "%s: %s", SHIPPED[i], r.out);
-		cr_assert_eq(r.err_len, 0, "%s: stderr: %s", SHIPPED[i], r.err);
+	for (size_t i = 0; i < KT_N_SHIPPED; i++) {
+		kt_run r = RUN("check", kt_src(kt_shipped[i]));
+		cr_assert_eq(r.status, 0, "%s: status %d, stderr: %s", kt_shipped[i], r.status, r.err);
+		cr_assert_not_null(strstr(r.out, ": ok"), "%s: %s", kt_shipped[i], r.out);
+		cr_assert_eq(r.err_len, 0, "%s: stderr: %s", kt_shipped[i], r.err);
 		kt_run_free(&r);
 	}
 }
@@ -108,14 +101,14 @@ static double num(const kiln_json *o, const char *k1, const char *k2)
 /* The JSON report is one document whose per-stage figures add up. */
 Test(cli, report_json_is_consistent_for_every_shipped_model)
 {
-	for (size_t i = 0; i < N_SHIPPED; i++) {
-		kt_run r = RUN("report", kt_src(SHIPPED[i]), "--json");
-		cr_assert_eq(r.status, 0, "%s: %s", SHIPPED[i], r.err);
+	for (size_t i = 0; i < KT_N_SHIPPED; i++) {
+		kt_run r = RUN("report", kt_src(kt_shipped[i]), "--json");
+		cr_assert_eq(r.status, 0, "%s: %s", kt_shipped[i], r.err);
 		kiln_json *doc = kiln_json_parse(r.out, r.out_len);
-		cr_assert_not_null(doc, "%s: stdout is not JSON", SHIPPED[i]);
+		cr_assert_not_null(doc, "%s: stdout is not JSON", kt_shipped[i]);
 		const kiln_json *stages = kiln_json_get(doc, "stages");
 		double pp = num(doc, "parallel", "pp");
-		cr_assert_eq(kiln_json_size(stages), (int)pp, "%s", SHIPPED[i]);
+		cr_assert_eq(kiln_json_size(stages), (int)pp, "%s", kt_shipped[i]);
 		double layers = 0;
 		for (int s = 0; s < kiln_json_size(stages); s++) {
 			const kiln_json *st = kiln_json_at(stages, s);
@@ -124,24 +117,24 @@ Test(cli, report_json_is_consistent_for_every_shipped_model)
 			cr_assert_eq(total,
 			             num(st, "static_bytes", "weights") + num(st, "static_bytes", "grads") +
 			                     num(st, "static_bytes", "optimizer"),
-			             "%s stage %d", SHIPPED[i], s);
+			             "%s stage %d", kt_shipped[i], s);
 			double inflight = num(st, "inflight", NULL);
 			double a1 = num(st, "activation_bytes", "r1");
 			double amax = num(st, "activation_bytes", "max");
-			cr_assert(amax >= a1, "%s stage %d", SHIPPED[i], s);
+			cr_assert(amax >= a1, "%s stage %d", kt_shipped[i], s);
 			double spike = total + (inflight - 1) * a1 + amax;
 			cr_assert(fabs(num(st, "peak_bytes", "spike") - spike) <= 1e-9 * spike + 1,
-			          "%s stage %d", SHIPPED[i], s);
+			          "%s stage %d", kt_shipped[i], s);
 			cr_assert(fabs(num(st, "headroom_bytes", NULL) -
 			               (num(st, "capacity_bytes", NULL) - spike)) <= 1e-9 * spike + 1,
-			          "%s stage %d", SHIPPED[i], s);
+			          "%s stage %d", kt_shipped[i], s);
 		}
 		/* Every model layer lands on exactly one stage. */
-		cr_assert_eq(layers, num(doc, "layers", NULL), "%s", SHIPPED[i]);
+		cr_assert_eq(layers, num(doc, "layers", NULL), "%s", kt_shipped[i]);
 		const kiln_json *params = kiln_json_get(doc, "params");
 		cr_assert(num(params, "total", NULL) > 0);
 		double mfu = num(doc, "iteration", "mfu");
-		cr_assert(mfu > 0 && mfu < 1, "%s: mfu %g", SHIPPED[i], mfu);
+		cr_assert(mfu > 0 && mfu < 1, "%s: mfu %g", kt_shipped[i], mfu);
 		kiln_json_free(doc);
 		kt_run_free(&r);
 	}

@@ -10,13 +10,6 @@
 #include "kiln_test.h"
 #include "passes/passes.h"
 
-static const char *const MODELS[] = {
-	"examples/models/tiny.yaml",          "examples/models/deepseek-v3-671b.yaml",
-	"examples/models/kimi-k2-1t.yaml",    "examples/models/qwen3-235b-a22b.yaml",
-	"examples/models/mixtral-8x22b.yaml", "examples/models/custom-moe-188b.yaml",
-	"examples/models/llama3-8b-dense.yaml",
-};
-#define N_MODELS (sizeof MODELS / sizeof MODELS[0])
 
 /* ---------------------------------------------------------------- random instances */
 
@@ -386,35 +379,24 @@ Test(interleave, dp_refuses_malformed_instances)
 
 /* ---------------------------------------------------------------- shipped models */
 
-static kiln_compilation compile_model(const char *rel, kiln_arena **out_a)
-{
-	kiln_arena *a = kiln_arena_new();
-	cr_assert_not_null(a);
-	kiln_model *m = NULL;
-	cr_assert_eq(kiln_frontend_load_file(kt_src(rel), a, stderr, &m), 0, "%s", rel);
-	kiln_compilation c = {.model = m, .arena = a, .solver = KILN_SOLVER_DP};
-	cr_assert_eq(kiln_pipeline_compile(&c, NULL, NULL, NULL, stderr), 0, "%s", rel);
-	*out_a = a;
-	return c;
-}
 
 Test(interleave, templates_of_every_shipped_model_verify_and_beat_serial, .timeout = 300)
 {
-	for (size_t mi = 0; mi < N_MODELS; mi++) {
+	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
 		kiln_arena *a;
-		kiln_compilation c = compile_model(MODELS[mi], &a);
+		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		const kiln_plan_schedule *s = c.schedule;
-		cr_assert_not_null(s, "%s", MODELS[mi]);
+		cr_assert_not_null(s, "%s", kt_shipped[mi]);
 		cr_assert_geq(s->n_templates, 1);
 		for (int32_t k = 0; k < s->n_templates; k++) {
 			const kiln_template *t = &s->templates[k];
 			cr_assert_eq(kiln_schedule_verify(t->tasks, t->n_tasks, INFINITY, stderr), 0,
-			             "%s template %d", MODELS[mi], k);
+			             "%s template %d", kt_shipped[mi], k);
 			double eps = 1e-9 * fmax(1, t->serial_us);
 			cr_assert_leq(t->makespan_us, t->serial_us + eps, "%s template %d: %g > %g",
-			              MODELS[mi], k, t->makespan_us, t->serial_us);
+			              kt_shipped[mi], k, t->makespan_us, t->serial_us);
 			/* Extra work never shortens the layer below keep-all. */
-			cr_assert_geq(t->makespan_us, t->base_us - eps, "%s template %d", MODELS[mi], k);
+			cr_assert_geq(t->makespan_us, t->base_us - eps, "%s template %d", kt_shipped[mi], k);
 			double mk = 0;
 			for (int32_t i = 0; i < t->n_tasks; i++)
 				mk = fmax(mk, t->tasks[i].end_us);
@@ -467,9 +449,9 @@ Test(interleave, templates_of_every_shipped_model_verify_and_beat_serial, .timeo
  * strictly ascending from point 1 on, the maximal saving last. */
 Test(interleave, feedback_keeps_every_table_monotone, .timeout = 300)
 {
-	for (size_t mi = 0; mi < N_MODELS; mi++) {
+	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
 		kiln_arena *a;
-		kiln_compilation c = compile_model(MODELS[mi], &a);
+		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		for (int32_t ti = 0; ti < c.n_sets * c.n_buckets; ti++) {
 			const kiln_plan_table *t = &c.tables[ti];
 			cr_assert_not_null(t->exposed_us);
@@ -482,11 +464,11 @@ Test(interleave, feedback_keeps_every_table_monotone, .timeout = 300)
 				cr_assert_eq(keep[u], KILN_ACT_KEEP);
 			for (int32_t p = 1; p < t->n_points; p++) {
 				cr_assert_geq(t->bytes[p].saved, t->bytes[p - 1].saved, "%s table %d point %d",
-				              MODELS[mi], ti, p);
+				              kt_shipped[mi], ti, p);
 				cr_assert_geq(t->exposed_us[p], 0.0);
 				if (p > 1)
 					cr_assert_gt(t->exposed_us[p], t->exposed_us[p - 1],
-					             "%s table %d point %d: %g after %g", MODELS[mi], ti, p,
+					             "%s table %d point %d: %g after %g", kt_shipped[mi], ti, p,
 					             t->exposed_us[p], t->exposed_us[p - 1]);
 			}
 		}
@@ -500,9 +482,9 @@ Test(interleave, feedback_keeps_every_table_monotone, .timeout = 300)
 Test(interleave, dp_equals_brute_force_on_shipped_templates, .timeout = 300)
 {
 	int checked = 0;
-	for (size_t mi = 0; mi < N_MODELS; mi++) {
+	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
 		kiln_arena *a;
-		kiln_compilation c = compile_model(MODELS[mi], &a);
+		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		const kiln_plan_schedule *s = c.schedule;
 		int per_model = 0;
 		for (int32_t k = 0; k < s->n_templates && per_model < 12; k++) {
@@ -532,7 +514,7 @@ Test(interleave, dp_equals_brute_force_on_shipped_templates, .timeout = 300)
 					nc[ch]++;
 				}
 			}
-			cr_assert(chain_major, "%s: tasks are not chain 0 then chain 1", MODELS[mi]);
+			cr_assert(chain_major, "%s: tasks are not chain 0 then chain 1", kt_shipped[mi]);
 			if (nc[0] > 10 || nc[1] > 10 || nt > MAXT)
 				continue;
 			inst x, y;
@@ -551,9 +533,9 @@ Test(interleave, dp_equals_brute_force_on_shipped_templates, .timeout = 300)
 			copy_inst(&x, &y);
 			double got = kiln_schedule_dp_cap(y.t, y.n, INFINITY, 0, NULL);
 			cr_assert_float_eq(got, want, 1e-9 * fmax(1, want), "%s template %d: dp %g, brute %g",
-			                   MODELS[mi], k, got, want);
+			                   kt_shipped[mi], k, got, want);
 			cr_assert_float_eq(t->makespan_us, want, 1e-9 * fmax(1, want),
-			                   "%s template %d: stored %g, brute %g", MODELS[mi], k,
+			                   "%s template %d: stored %g, brute %g", kt_shipped[mi], k,
 			                   t->makespan_us, want);
 			per_model++;
 			checked++;

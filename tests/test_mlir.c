@@ -24,17 +24,6 @@
 
 #define RUN(...) kt_kilnc((const char *const[]){__VA_ARGS__, NULL}, NULL)
 
-static kiln_compilation compile_model(const char *rel, kiln_arena **out_a)
-{
-	kiln_arena *a = kiln_arena_new();
-	cr_assert_not_null(a);
-	kiln_model *m = NULL;
-	cr_assert_eq(kiln_frontend_load_file(kt_src(rel), a, stderr, &m), 0, "%s", rel);
-	kiln_compilation c = {.model = m, .arena = a, .solver = KILN_SOLVER_DP};
-	cr_assert_eq(kiln_pipeline_compile(&c, NULL, NULL, NULL, stderr), 0, "%s", rel);
-	*out_a = a;
-	return c;
-}
 
 /* kiln_mlir_emit into memory; asserts success. Caller frees. */
 static char *emit(const kiln_compilation *c, size_t *out_len)
@@ -172,7 +161,7 @@ static char *slurp_file(const char *path, size_t *out_len)
 static void emit_check_and_read_back(const char *rel)
 {
 	kiln_arena *a;
-	kiln_compilation c = compile_model(rel, &a);
+	kiln_compilation c = kt_compile(rel, KILN_SOLVER_DP, &a);
 	cr_assert_not_null(c.schedule, "%s: the interleave pass left no schedule", rel);
 	size_t len;
 	char *text = emit(&c, &len);
@@ -212,7 +201,7 @@ MODEL_TEST(llama3_dense, "llama3-8b-dense.yaml")
 Test(mlir_emit, graph_units_tables_and_pool_are_all_there)
 {
 	kiln_arena *a;
-	kiln_compilation c = compile_model("examples/models/tiny.yaml", &a);
+	kiln_compilation c = kt_compile("examples/models/tiny.yaml", KILN_SOLVER_DP, &a);
 	size_t len;
 	char *text = emit(&c, &len);
 	/* Count ops by their quoted names: the graph's sizes come from the
@@ -263,7 +252,7 @@ Test(mlir_emit, graph_units_tables_and_pool_are_all_there)
 Test(mlir_emit, is_deterministic)
 {
 	kiln_arena *a;
-	kiln_compilation c = compile_model("examples/models/tiny.yaml", &a);
+	kiln_compilation c = kt_compile("examples/models/tiny.yaml", KILN_SOLVER_DP, &a);
 	size_t l1, l2;
 	char *t1 = emit(&c, &l1), *t2 = emit(&c, &l2);
 	cr_assert(l1 == l2 && memcmp(t1, t2, l1) == 0);
@@ -347,7 +336,7 @@ static kiln_plan_schedule hard_schedule(void)
 Test(mlir_exact, hard_doubles_and_names_round_trip_bit_for_bit)
 {
 	kiln_arena *a;
-	kiln_compilation c = compile_model("examples/models/tiny.yaml", &a);
+	kiln_compilation c = kt_compile("examples/models/tiny.yaml", KILN_SOLVER_DP, &a);
 	kiln_plan_schedule s = hard_schedule();
 	c.schedule = &s;
 	size_t len;
@@ -635,7 +624,7 @@ Test(mlir_viz, bad_files_exit_1)
 Test(mlir_viz, redraws_the_emitted_schedule)
 {
 	kiln_arena *a;
-	kiln_compilation c = compile_model("examples/models/tiny.yaml", &a);
+	kiln_compilation c = kt_compile("examples/models/tiny.yaml", KILN_SOLVER_DP, &a);
 	size_t len;
 	char *text = emit(&c, &len);
 	char *in = kt_temp_file(".mlir", text, len);

@@ -20,16 +20,6 @@ static double m_hbm_gbps(const kiln_ir_graph *g)
 	return g->model->hw.hbm_gbps;
 }
 
-static const char *const SHIPPED[] = {
-    "examples/models/tiny.yaml",
-    "examples/models/deepseek-v3-671b.yaml",
-    "examples/models/kimi-k2-1t.yaml",
-    "examples/models/qwen3-235b-a22b.yaml",
-    "examples/models/mixtral-8x22b.yaml",
-    "examples/models/custom-moe-188b.yaml",
-    "examples/models/llama3-8b-dense.yaml",
-};
-#define N_SHIPPED (sizeof SHIPPED / sizeof SHIPPED[0])
 
 static kiln_arena *arena;
 
@@ -277,8 +267,8 @@ Test(options, no_offload_flag)
 Test(options, shipped_instances_well_formed)
 {
 	static const double rs[] = {0.5, 1.0, 3.0};
-	for (size_t i = 0; i < N_SHIPPED; i++) {
-		kiln_ir_graph *g = lower_file(SHIPPED[i]);
+	for (size_t i = 0; i < KT_N_SHIPPED; i++) {
+		kiln_ir_graph *g = lower_file(kt_shipped[i]);
 		kiln_unit_set *sets;
 		int32_t n;
 		sets_of(g, &sets, &n);
@@ -294,7 +284,7 @@ Test(options, shipped_instances_well_formed)
 					cr_assert_eq(kiln_pass_options(g, set, nn, &f, arena, &in),
 					             0);
 					cr_assert_eq(kiln_cost_instance_check(&in), 0,
-					             "%s set %d r %g", SHIPPED[i], k, rs[ri]);
+					             "%s set %d r %g", kt_shipped[i], k, rs[ri]);
 					double total = 0;
 					for (int32_t u = 0; u < set->n_units; u++)
 						total += kiln_lin_at(set->units[u].bytes, nn);

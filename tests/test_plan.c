@@ -11,25 +11,7 @@
 #include "kiln_test.h"
 #include "passes/passes.h"
 
-static const char *const MODELS[] = {
-	"examples/models/tiny.yaml",          "examples/models/deepseek-v3-671b.yaml",
-	"examples/models/kimi-k2-1t.yaml",    "examples/models/qwen3-235b-a22b.yaml",
-	"examples/models/mixtral-8x22b.yaml", "examples/models/custom-moe-188b.yaml",
-	"examples/models/llama3-8b-dense.yaml",
-};
-#define N_MODELS (sizeof MODELS / sizeof MODELS[0])
 
-static kiln_compilation compile_model(const char *rel, kiln_solver solver, kiln_arena **out_a)
-{
-	kiln_arena *a = kiln_arena_new();
-	cr_assert_not_null(a);
-	kiln_model *m = NULL;
-	cr_assert_eq(kiln_frontend_load_file(kt_src(rel), a, stderr, &m), 0, "%s", rel);
-	kiln_compilation c = {.model = m, .arena = a, .solver = solver};
-	cr_assert_eq(kiln_pipeline_compile(&c, NULL, NULL, NULL, stderr), 0, "%s", rel);
-	*out_a = a;
-	return c;
-}
 
 static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
 {
@@ -69,9 +51,9 @@ Test(plan, buckets_are_fine_near_one_and_end_at_max_factor)
  * every plan on it is valid under source tracking. */
 Test(plan, frontiers_are_monotone_and_valid, .timeout = 120)
 {
-	for (size_t mi = 0; mi < N_MODELS; mi++) {
+	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
 		kiln_arena *a;
-		kiln_compilation c = compile_model(MODELS[mi], KILN_SOLVER_DP, &a);
+		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		for (int32_t s = 0; s < c.n_sets; s++)
 			for (int32_t b = 0; b < c.n_buckets; b++) {
 				const kiln_plan_table *t = table(&c, s, b);
@@ -92,13 +74,13 @@ Test(plan, frontiers_are_monotone_and_valid, .timeout = 120)
 				cr_assert_eq(t->point[0], 0);
 				cr_assert_eq(t->point[t->n_points - 1], f->n_points - 1);
 				cr_assert_leq(t->n_points, KILN_PLAN_TABLE_STEPS + 1);
-				cr_assert_eq(t->bytes[0].saved, 0.0, "%s", MODELS[mi]);
+				cr_assert_eq(t->bytes[0].saved, 0.0, "%s", kt_shipped[mi]);
 				const uint8_t *keep = c.pool->actions[t->plan[0]];
 				for (int32_t u = 0; u < t->set->n_units; u++)
 					cr_assert_eq(keep[u], KILN_ACT_KEEP);
 				for (int32_t p = 0; p < t->n_points; p++) {
 					cr_assert_eq(kiln_plan_valid(t->set, c.pool->actions[t->plan[p]]), 0,
-					             "%s set %d bucket %d point %d", MODELS[mi], s, b, p);
+					             "%s set %d bucket %d point %d", kt_shipped[mi], s, b, p);
 					if (p > 0)
 						cr_assert(t->point[p] > t->point[p - 1]);
 					/* Quantisation only ever under-claims the saving. */
@@ -116,9 +98,9 @@ Test(plan, frontiers_are_monotone_and_valid, .timeout = 120)
 Test(plan, a_bucket_plan_fits_every_load_inside_its_bucket, .timeout = 120)
 {
 	unsigned seed = 7;
-	for (size_t mi = 0; mi < N_MODELS; mi++) {
+	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
 		kiln_arena *a;
-		kiln_compilation c = compile_model(MODELS[mi], KILN_SOLVER_DP, &a);
+		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		for (int32_t s = 0; s < c.n_sets; s++) {
 			const kiln_unit_set *set = &c.sets[s];
 			if (set->kind != KILN_LAYER_MOE)
@@ -144,7 +126,7 @@ Test(plan, a_bucket_plan_fits_every_load_inside_its_bucket, .timeout = 120)
 					kiln_plan_bytes_at(set, c.pool->actions[t->plan[p]], r * nb, &at);
 					kiln_plan_bytes_at(set, all_keep, r * nb, &keep);
 					cr_assert(at.saved >= keep.resident - free_bytes - 1e-6 * keep.resident,
-					          "%s set %d r %g: saved %g < need %g", MODELS[mi], s, r,
+					          "%s set %d r %g: saved %g < need %g", kt_shipped[mi], s, r,
 					          at.saved, keep.resident - free_bytes);
 				}
 			}
@@ -196,10 +178,10 @@ static void check_safety_exact(const kiln_compilation *c, const char *name)
 
 Test(plan, safety_bound_is_exact, .timeout = 120)
 {
-	for (size_t mi = 0; mi < N_MODELS; mi++) {
+	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
 		kiln_arena *a;
-		kiln_compilation c = compile_model(MODELS[mi], KILN_SOLVER_DP, &a);
-		check_safety_exact(&c, MODELS[mi]);
+		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
+		check_safety_exact(&c, kt_shipped[mi]);
 		kiln_arena_free(a);
 	}
 }
@@ -257,9 +239,9 @@ Test(plan, partial_safety_bound_is_exact_and_reported)
  * instances (a sample of buckets and saving targets per unit set). */
 Test(plan, dp_matches_milp_on_shipped_models, .timeout = 300)
 {
-	for (size_t mi = 0; mi < N_MODELS; mi++) {
+	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
 		kiln_arena *a;
-		kiln_compilation c = compile_model(MODELS[mi], KILN_SOLVER_DP, &a);
+		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		/* A dense model plans up to load 1 only: clamp to the last bucket. */
 		int32_t b15 = kiln_plan_bucket_of(c.buckets, c.n_buckets, 1.5);
 		int32_t buckets[] = {1, kiln_plan_bucket_of(c.buckets, c.n_buckets, 1.0),
@@ -276,10 +258,10 @@ Test(plan, dp_matches_milp_on_shipped_models, .timeout = 300)
 						p++;
 					kiln_plan_point mp;
 					cr_assert_eq(kiln_cost_solve_milp(&t->instance, target, a, &mp), 0,
-					             "%s set %d: MILP failed at %u", MODELS[mi], s, target);
+					             "%s set %d: MILP failed at %u", kt_shipped[mi], s, target);
 					double dp = f->points[p].exposed_us, milp = mp.exposed_us;
 					cr_assert(fabs(dp - milp) <= 1e-3 * fmax(dp, milp) + 1e-6,
-					          "%s set %d bucket %d target %u: dp %g milp %g", MODELS[mi], s,
+					          "%s set %d bucket %d target %u: dp %g milp %g", kt_shipped[mi], s,
 					          buckets[bi], target, dp, milp);
 				}
 				/* One quantum beyond the maximum is infeasible for both. */
@@ -293,7 +275,7 @@ Test(plan, dp_matches_milp_on_shipped_models, .timeout = 300)
 Test(plan, pool_holds_distinct_plans)
 {
 	kiln_arena *a;
-	kiln_compilation c = compile_model("examples/models/deepseek-v3-671b.yaml", KILN_SOLVER_DP, &a);
+	kiln_compilation c = kt_compile("examples/models/deepseek-v3-671b.yaml", KILN_SOLVER_DP, &a);
 	for (int32_t i = 0; i < c.pool->n; i++)
 		for (int32_t j = i + 1; j < c.pool->n; j++)
 			if (c.pool->set[i]->kind == c.pool->set[j]->kind &&
@@ -309,9 +291,9 @@ Test(plan, pool_holds_distinct_plans)
 
 Test(plan, baselines_follow_their_rules)
 {
-	for (size_t mi = 0; mi < N_MODELS; mi++) {
+	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
 		kiln_arena *a;
-		kiln_compilation c = compile_model(MODELS[mi], KILN_SOLVER_DP, &a);
+		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		for (int32_t i = 0; i < c.n_sets; i++) {
 			const kiln_unit_set *set = &c.sets[i];
 			const uint8_t *full = c.pool->actions[c.baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[i]];
@@ -322,7 +304,7 @@ Test(plan, baselines_follow_their_rules)
 				kiln_op_kind pk = c.graph->ops[set->units[u].producer].kind;
 				/* Full recompute keeps only the layer input. */
 				cr_assert_eq(full[u], input ? KILN_ACT_KEEP : KILN_ACT_RECOMPUTE, "%s %s",
-				             MODELS[mi], set->units[u].name);
+				             kt_shipped[mi], set->units[u].name);
 				/* Static aggressive recomputes the norms' outputs only. */
 				bool norm = pk == KILN_OP_NORM || pk == KILN_OP_Q_NORM || pk == KILN_OP_KV_NORM;
 				cr_assert_eq(agg[u], norm && !input ? KILN_ACT_RECOMPUTE : KILN_ACT_KEEP);
@@ -334,9 +316,9 @@ Test(plan, baselines_follow_their_rules)
 		 * wherever full recompute fits; static-aggressive keeps more than
 		 * full recompute, so it never fits where full recompute does not. */
 		if (c.baselines[KILN_BASELINE_FULL_RECOMPUTE].fits)
-			cr_assert(c.baselines[KILN_BASELINE_ADAPIPE].fits, "%s", MODELS[mi]);
+			cr_assert(c.baselines[KILN_BASELINE_ADAPIPE].fits, "%s", kt_shipped[mi]);
 		else
-			cr_assert(!c.baselines[KILN_BASELINE_STATIC_AGGRESSIVE].fits, "%s", MODELS[mi]);
+			cr_assert(!c.baselines[KILN_BASELINE_STATIC_AGGRESSIVE].fits, "%s", kt_shipped[mi]);
 		kiln_arena_free(a);
 	}
 }
