@@ -69,6 +69,18 @@ void kiln_plans_text(const struct kiln_compilation *c, FILE *out);
 /* The plan tables as one JSON document (keys in docs/cli.md). Caller frees. */
 kiln_json *kiln_plans_json(const struct kiln_compilation *c);
 
+/* ---------------------------------------------------------------- blob.c */
+
+/* The plan blob of a finished compilation (docs/blob-format.md), in a new
+ * malloc'd buffer (*out, *out_len; the caller frees *out). Deterministic:
+ * the same compilation gives the same bytes. Returns 0, or -1 with a
+ * message on err. */
+int kiln_blob_build(const struct kiln_compilation *c, FILE *err, unsigned char **out,
+                    size_t *out_len);
+/* FNV-1a 64 of the normalised model description (every validated field,
+ * defaults applied, the file path left out). */
+uint64_t kiln_blob_model_hash(const kiln_model *m);
+
 /* ---------------------------------------------------------------- views */
 
 struct kiln_plan_schedule;

@@ -1,6 +1,6 @@
 /* codegen/plans.c: `kilnc compile` output: the plan tables, the budgets and
  * safety bounds, and the baselines, as text and as JSON (keys in
- * docs/cli.md). Until the blob writer exists, this is the compiler's output.
+ * docs/cli.md). The runtime's input is the blob (codegen/blob.c).
  */
 #include <math.h>
 
