@@ -1,0 +1,431 @@
+/* runtime/open.c: kiln_rt_open, the blob's one validation point.
+ *
+ * The blob is untrusted until this file is done with it: the header, the
+ * CRC32C, the section table, every record's counts, offsets and indices
+ * between sections are checked once, comparing against what remains (never
+ * summing past the end), and afterwards the rest of the runtime trusts it.
+ * The checks follow docs/blob-format.md, "What a loader must reject".
+ */
+#include <fcntl.h>
+#include <math.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define MAX_STAGES 65536u
+#define MAX_MODEL_LAYERS 65536u
+#define MAX_BUCKETS 1024u
+
+static int finite_nonneg(double v)
+{
+	return isfinite(v) && v >= 0;
+}
+
+static int range_ok(uint64_t first, uint64_t n, uint64_t total)
+{
+	return first <= total && n <= total - first;
+}
+
+static int check_header(const unsigned char *b, size_t size)
+{
+	/* Too short for a header: truncated when what is there starts like a
+	 * blob, else not a blob at all (an empty file included). */
+	if (size < sizeof(kiln_blob_header))
+		return size > 0 && memcmp(b, KILN_BLOB_MAGIC, size < 8 ? size : 8) == 0
+		           ? KILN_RT_ETRUNC
+		           : KILN_RT_EMAGIC;
+	kiln_blob_header h;
+	memcpy(&h, b, sizeof h);
+	if (memcmp(h.magic, KILN_BLOB_MAGIC, sizeof h.magic) != 0)
+		return KILN_RT_EMAGIC;
+	if (h.major != KILN_BLOB_MAJOR || h.minor > KILN_BLOB_MINOR)
+		return KILN_RT_EVERSION;
+	if (h.file_bytes != size)
+		return KILN_RT_ETRUNC;
+	if (h.header_bytes != sizeof(kiln_blob_header) || h.n_sections != KILN_SEC_COUNT ||
+	    h.table_offset != sizeof(kiln_blob_header))
+		return KILN_RT_ECORRUPT;
+	for (size_t i = 0; i < sizeof h.reserved; i++)
+		if (h.reserved[i])
+			return KILN_RT_ECORRUPT;
+	const size_t crc_at = offsetof(kiln_blob_header, crc32c);
+	uint32_t crc = kiln_rti_crc32c(0, b, crc_at);
+	crc = kiln_rti_crc32c(crc, b + crc_at + 4, size - crc_at - 4);
+	if (crc != h.crc32c)
+		return KILN_RT_ECRC;
+	return 0;
+}
+
+static size_t record_bytes(uint32_t id)
+{
+	switch (id) {
+#define X(name, type)                                                                              \
+	case KILN_SEC_##name:                                                                      \
+		return sizeof(type);
+		KILN_BLOB_SECTIONS(X)
+#undef X
+	}
+	return 0;
+}
+
+/* The section table: ids in order, sections 64-aligned, ascending, within
+ * the file, whole records, zero bytes between them. Fills rt's views. */
+static int check_sections(kiln_rt *rt)
+{
+	const unsigned char *b = rt->base;
+	size_t size = rt->size;
+	size_t table = sizeof(kiln_blob_header);
+	size_t table_bytes = sizeof(kiln_blob_section) * KILN_SEC_COUNT;
+	if (table_bytes > size - table)
+		return KILN_RT_ECORRUPT;
+	uint64_t prev_end = table + table_bytes;
+	const void *view[KILN_SEC_COUNT];
+	for (uint32_t i = 0; i < KILN_SEC_COUNT; i++) {
+		kiln_blob_section s;
+		memcpy(&s, b + table + i * sizeof s, sizeof s);
+		size_t rb = record_bytes(i);
+		if (s.id != i || s.record_bytes != rb || s.offset % KILN_BLOB_ALIGN != 0 ||
+		    s.offset < prev_end || s.offset > size || s.count > (size - s.offset) / rb)
+			return KILN_RT_ECORRUPT;
+		for (uint64_t k = prev_end; k < s.offset; k++)
+			if (b[k])
+				return KILN_RT_ECORRUPT;
+		view[i] = b + s.offset;
+		rt->count[i] = s.count;
+		prev_end = s.offset + s.count * rb;
+	}
+	for (uint64_t k = prev_end; k < size; k++)
+		if (b[k])
+			return KILN_RT_ECORRUPT;
+	if (size - prev_end >= KILN_BLOB_ALIGN)
+		return KILN_RT_ECORRUPT;
+	rt->meta = view[KILN_SEC_META];
+	rt->strings = view[KILN_SEC_STRINGS];
+	rt->stages = view[KILN_SEC_STAGES];
+	rt->layers = view[KILN_SEC_LAYERS];
+	rt->sets = view[KILN_SEC_SETS];
+	rt->units = view[KILN_SEC_UNITS];
+	rt->buckets = view[KILN_SEC_BUCKETS];
+	rt->tables = view[KILN_SEC_TABLES];
+	rt->points = view[KILN_SEC_POINTS];
+	rt->plans = view[KILN_SEC_PLANS];
+	rt->actions = view[KILN_SEC_ACTIONS];
+	rt->chunks = view[KILN_SEC_CHUNKS];
+	rt->templates = view[KILN_SEC_TEMPLATES];
+	rt->tasks = view[KILN_SEC_TASKS];
+	rt->deps = view[KILN_SEC_DEPS];
+	return 0;
+}
+
+static int string_ok(const kiln_rt *rt, uint32_t off)
+{
+	return off < rt->count[KILN_SEC_STRINGS];
+}
+
+static int check_meta(const kiln_rt *rt)
+{
+	if (rt->count[KILN_SEC_META] != 1)
+		return KILN_RT_ECORRUPT;
+	uint64_t ns = rt->count[KILN_SEC_STRINGS];
+	if (ns == 0 || rt->strings[ns - 1] != '\0')
+		return KILN_RT_ECORRUPT;
+	const kiln_blob_meta *m = rt->meta;
+	if (!string_ok(rt, m->model_name) || !string_ok(rt, m->compiler) || m->reserved ||
+	    m->solver > 1 || m->n_stages == 0 || m->n_stages > MAX_STAGES ||
+	    m->n_model_layers == 0 || m->n_model_layers > MAX_MODEL_LAYERS || m->n_buckets == 0 ||
+	    m->n_buckets > MAX_BUCKETS || !(m->max_factor >= 1 && m->max_factor <= 64))
+		return KILN_RT_ECORRUPT;
+	if (rt->count[KILN_SEC_STAGES] != m->n_stages || rt->count[KILN_SEC_LAYERS] != m->n_layers ||
+	    m->n_layers > m->n_model_layers)
+		return KILN_RT_ECORRUPT;
+	uint64_t n_sets = rt->count[KILN_SEC_SETS];
+	/* A set is a (stage, layer kind): at most two per stage. */
+	if (n_sets == 0 || n_sets > 2 * (uint64_t)m->n_stages ||
+	    rt->count[KILN_SEC_BUCKETS] != n_sets * m->n_buckets ||
+	    rt->count[KILN_SEC_TABLES] != n_sets * m->n_buckets)
+		return KILN_RT_ECORRUPT;
+	return 0;
+}
+
+/* Stages own consecutive runs of layers; every layer's set is on its stage;
+ * model layer numbers are distinct (the index is built here). */
+static int check_stages_layers(kiln_rt *rt)
+{
+	const kiln_blob_meta *m = rt->meta;
+	uint64_t next = 0;
+	for (uint32_t s = 0; s < m->n_stages; s++) {
+		const kiln_blob_stage *st = &rt->stages[s];
+		if (st->first_layer != next || !range_ok(st->first_layer, st->n_layers, m->n_layers) ||
+		    !finite_nonneg(st->inflight) || !finite_nonneg(st->safety_factor))
+			return KILN_RT_ECORRUPT;
+		for (uint32_t i = st->first_layer; i < st->first_layer + st->n_layers; i++) {
+			const kiln_blob_layer *L = &rt->layers[i];
+			if (L->model_layer >= m->n_model_layers || L->set >= rt->count[KILN_SEC_SETS] ||
+			    rt->sets[L->set].stage != s || rt->layer_index[L->model_layer] >= 0)
+				return KILN_RT_ECORRUPT;
+			rt->layer_index[L->model_layer] = (int32_t)i;
+		}
+		next += st->n_layers;
+	}
+	return next == m->n_layers ? 0 : KILN_RT_ECORRUPT;
+}
+
+static int check_sets_units(const kiln_rt *rt)
+{
+	uint64_t next_unit = 0, next_chunk = 0;
+	for (uint64_t k = 0; k < rt->count[KILN_SEC_SETS]; k++) {
+		const kiln_blob_set *s = &rt->sets[k];
+		if (s->stage >= rt->meta->n_stages || s->kind > 1 || s->first_unit != next_unit ||
+		    s->n_units > 255 || !range_ok(s->first_unit, s->n_units, rt->count[KILN_SEC_UNITS]) ||
+		    s->first_chunk != next_chunk || s->n_chunks > 255 ||
+		    !range_ok(s->first_chunk, s->n_chunks, rt->count[KILN_SEC_CHUNKS]) ||
+		    (s->kind == 0) != (s->balanced_rows == 0))
+			return KILN_RT_ECORRUPT;
+		next_unit += s->n_units;
+		next_chunk += s->n_chunks;
+		for (uint32_t c = s->first_chunk; c < s->first_chunk + s->n_chunks; c++) {
+			const kiln_blob_chunk *ch = &rt->chunks[c];
+			if (!string_ok(rt, ch->name) || ch->stream > KILN_RT_STREAM_H2D ||
+			    ch->kind > KILN_RT_TASK_COMM || ch->chain > 1 ||
+			    (ch->unit != 255 && ch->unit >= s->n_units))
+				return KILN_RT_ECORRUPT;
+		}
+	}
+	if (next_unit != rt->count[KILN_SEC_UNITS] || next_chunk != rt->count[KILN_SEC_CHUNKS])
+		return KILN_RT_ECORRUPT;
+	for (uint64_t u = 0; u < rt->count[KILN_SEC_UNITS]; u++)
+		if (!string_ok(rt, rt->units[u].name) || rt->units[u].flags > 15)
+			return KILN_RT_ECORRUPT;
+	return 0;
+}
+
+/* Two sets have the same units (a pooled plan may serve both). */
+static int same_units(const kiln_rt *rt, uint32_t a, uint32_t b)
+{
+	const kiln_blob_set *x = &rt->sets[a], *y = &rt->sets[b];
+	if (a == b)
+		return 1;
+	if (rt->unit_class[a] >= 0 && rt->unit_class[b] >= 0)
+		return rt->unit_class[a] == rt->unit_class[b];
+	if (x->n_units != y->n_units)
+		return 0;
+	for (uint32_t u = 0; u < x->n_units; u++) {
+		const kiln_blob_unit *p = &rt->units[x->first_unit + u];
+		const kiln_blob_unit *q = &rt->units[y->first_unit + u];
+		if (p->flags != q->flags || p->base_bytes != q->base_bytes ||
+		    p->per_row_bytes != q->per_row_bytes || strcmp(rt->strings + p->name, rt->strings + q->name))
+			return 0;
+	}
+	return 1;
+}
+
+/* Classes of sets with equal units, so that the tables' checks compare
+ * two class numbers instead of two unit lists. At most MAX_CLASSES classes
+ * are formed (a real blob has a handful); sets beyond them stay
+ * unclassified (-1) and are compared unit by unit, so a crafted blob costs
+ * linear time, never quadratic. */
+#define MAX_CLASSES 64
+
+static void classify_sets(kiln_rt *rt)
+{
+	uint64_t n = rt->count[KILN_SEC_SETS];
+	uint32_t reps[MAX_CLASSES];
+	int32_t n_reps = 0;
+	for (uint64_t k = 0; k < n; k++)
+		rt->unit_class[k] = -1;
+	for (uint64_t k = 0; k < n; k++) {
+		int32_t cls = -1;
+		for (int32_t r = 0; r < n_reps && cls < 0; r++)
+			if (same_units(rt, reps[r], (uint32_t)k))
+				cls = r;
+		if (cls < 0 && n_reps < MAX_CLASSES) {
+			cls = n_reps;
+			reps[n_reps++] = (uint32_t)k;
+		}
+		rt->unit_class[k] = cls;
+	}
+}
+
+static int check_plans_templates(const kiln_rt *rt)
+{
+	uint64_t n_plans = rt->count[KILN_SEC_PLANS], n_tpl = rt->count[KILN_SEC_TEMPLATES];
+	for (uint64_t a = 0; a < rt->count[KILN_SEC_ACTIONS]; a++)
+		if (rt->actions[a] > KILN_RT_OFFLOAD)
+			return KILN_RT_ECORRUPT;
+	uint64_t next_action = 0;
+	for (uint64_t p = 0; p < n_plans; p++) {
+		const kiln_blob_plan *pl = &rt->plans[p];
+		if (pl->set >= rt->count[KILN_SEC_SETS] || pl->reserved || pl->actions != next_action)
+			return KILN_RT_ECORRUPT;
+		uint32_t nu = rt->sets[pl->set].n_units;
+		if (!range_ok(pl->actions, nu, rt->count[KILN_SEC_ACTIONS]))
+			return KILN_RT_ECORRUPT;
+		next_action += nu;
+		if (pl->template_id != UINT32_MAX &&
+		    (pl->template_id >= n_tpl || rt->templates[pl->template_id].plan != p))
+			return KILN_RT_ECORRUPT;
+	}
+	if (next_action != rt->count[KILN_SEC_ACTIONS])
+		return KILN_RT_ECORRUPT;
+	uint64_t next_task = 0, next_dep = 0;
+	for (uint64_t t = 0; t < n_tpl; t++) {
+		const kiln_blob_template *tp = &rt->templates[t];
+		if (tp->plan >= n_plans || rt->plans[tp->plan].template_id != t ||
+		    tp->first_task != next_task || tp->first_dep != next_dep || tp->n_tasks > 255 ||
+		    !range_ok(tp->first_task, tp->n_tasks, rt->count[KILN_SEC_TASKS]) ||
+		    !range_ok(tp->first_dep, tp->n_deps, rt->count[KILN_SEC_DEPS]) ||
+		    !finite_nonneg(tp->makespan_us) || !finite_nonneg(tp->serial_us) ||
+		    !finite_nonneg(tp->base_us) || !finite_nonneg(tp->load_factor))
+			return KILN_RT_ECORRUPT;
+		next_task += tp->n_tasks;
+		next_dep += tp->n_deps;
+		uint32_t n_chunks = rt->sets[rt->plans[tp->plan].set].n_chunks;
+		for (uint32_t i = 0; i < tp->n_tasks; i++)
+			if (rt->tasks[tp->first_task + i] >= n_chunks)
+				return KILN_RT_ECORRUPT;
+		for (uint32_t j = 0; j < tp->n_deps; j++) {
+			const kiln_blob_dep *d = &rt->deps[tp->first_dep + j];
+			if (d->task >= tp->n_tasks || d->dep >= d->task)
+				return KILN_RT_ECORRUPT;
+		}
+	}
+	if (next_task != rt->count[KILN_SEC_TASKS] || next_dep != rt->count[KILN_SEC_DEPS])
+		return KILN_RT_ECORRUPT;
+	return 0;
+}
+
+/* Buckets ascend; tables' points ascend in saving and cost, fit in keep
+ * bytes, and name plans over the same units. */
+static int check_tables(const kiln_rt *rt)
+{
+	uint32_t nb = rt->meta->n_buckets;
+	for (uint64_t k = 0; k < rt->count[KILN_SEC_SETS]; k++) {
+		const kiln_blob_set *s = &rt->sets[k];
+		for (uint32_t b = 0; b < nb; b++) {
+			const kiln_blob_bucket *bk = &rt->buckets[k * nb + b];
+			if (!(bk->load_factor > 0 && bk->load_factor <= rt->meta->max_factor * (1 + 1e-9)) ||
+			    (b > 0 && !(bk->load_factor > bk[-1].load_factor)) ||
+			    (b > 0 && bk->max_rows < bk[-1].max_rows) || (s->kind == 0 && bk->max_rows))
+				return KILN_RT_ECORRUPT;
+			const kiln_blob_table *t = &rt->tables[k * nb + b];
+			if (t->quantum_bytes == 0 || t->n_points == 0 ||
+			    !range_ok(t->first_point, t->n_points, rt->count[KILN_SEC_POINTS]))
+				return KILN_RT_ECORRUPT;
+			uint64_t max_q = t->keep_bytes / t->quantum_bytes;
+			for (uint32_t p = 0; p < t->n_points; p++) {
+				const kiln_blob_point *pt = &rt->points[t->first_point + p];
+				if (pt->reserved || pt->saved_q > max_q || pt->plan >= rt->count[KILN_SEC_PLANS] ||
+				    !finite_nonneg(pt->exposed_us) ||
+				    !same_units(rt, (uint32_t)k, rt->plans[pt->plan].set))
+					return KILN_RT_ECORRUPT;
+				if (p > 0 && (pt->saved_q <= pt[-1].saved_q || pt->exposed_us < pt[-1].exposed_us))
+					return KILN_RT_ECORRUPT;
+			}
+		}
+	}
+	return 0;
+}
+
+int kiln_rt_open(const void *blob, size_t size, kiln_rt **out)
+{
+	if (!out)
+		return KILN_RT_EINVAL;
+	*out = NULL;
+	if (!blob || ((uintptr_t)blob % 8) != 0)
+		return KILN_RT_EINVAL;
+	if (size > KILN_BLOB_MAX_BYTES)
+		return KILN_RT_ETRUNC;
+	int rc = check_header(blob, size);
+	if (rc)
+		return rc;
+	kiln_rt *rt = kiln_rti_alloc(sizeof *rt);
+	if (!rt)
+		return KILN_RT_ENOMEM;
+	memset(rt, 0, sizeof *rt);
+	rt->base = blob;
+	rt->size = size;
+	if ((rc = check_sections(rt)) != 0 || (rc = check_meta(rt)) != 0)
+		goto fail;
+	/* check_meta bounds both counts, so the product cannot overflow. */
+	rt->layer_index = kiln_rti_alloc(sizeof(int32_t) * ((size_t)rt->meta->n_model_layers +
+	                                                    (size_t)rt->count[KILN_SEC_SETS]));
+	rt->acct = kiln_rti_alloc(sizeof *rt->acct);
+	if (!rt->layer_index || !rt->acct) {
+		rc = KILN_RT_ENOMEM;
+		goto fail;
+	}
+	for (uint32_t i = 0; i < rt->meta->n_model_layers; i++)
+		rt->layer_index[i] = -1;
+	rt->unit_class = rt->layer_index + rt->meta->n_model_layers;
+	if ((rc = check_sets_units(rt)) != 0)
+		goto fail;
+	classify_sets(rt);
+	if ((rc = check_stages_layers(rt)) != 0 ||
+	    (rc = check_plans_templates(rt)) != 0 || (rc = check_tables(rt)) != 0)
+		goto fail;
+	atomic_init(&rt->acct->stage, -1);
+	atomic_init(&rt->acct->limit_bytes, 0);
+	atomic_init(&rt->acct->device_bytes, 0);
+	atomic_init(&rt->acct->host_bytes, 0);
+	atomic_init(&rt->acct->peak_bytes, 0);
+	atomic_init(&rt->acct->open, 0);
+	for (int i = 0; i < KILN_RTI_MB_SLOTS; i++) {
+		atomic_init(&rt->acct->mb_device[i], 0);
+		atomic_init(&rt->acct->mb_host[i], 0);
+	}
+	*out = rt;
+	return 0;
+fail:
+	kiln_rti_free(rt->layer_index);
+	kiln_rti_free(rt->acct);
+	kiln_rti_free(rt);
+	return rc;
+}
+
+int kiln_rt_open_file(const char *path, kiln_rt **out)
+{
+	if (!out)
+		return KILN_RT_EINVAL;
+	*out = NULL;
+	if (!path)
+		return KILN_RT_EINVAL;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return KILN_RT_EIO;
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return KILN_RT_EIO;
+	}
+	if (st.st_size == 0 || (uint64_t)st.st_size > KILN_BLOB_MAX_BYTES) {
+		close(fd);
+		return st.st_size == 0 ? KILN_RT_EMAGIC : KILN_RT_ETRUNC;
+	}
+	size_t size = (size_t)st.st_size;
+	void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+	close(fd);
+	if (map == MAP_FAILED)
+		return KILN_RT_EIO;
+	int rc = kiln_rt_open(map, size, out);
+	if (rc != 0) {
+		munmap(map, size);
+		return rc;
+	}
+	(*out)->map = map;
+	(*out)->map_bytes = size;
+	return 0;
+}
+
+void kiln_rt_close(kiln_rt *rt)
+{
+	if (!rt)
+		return;
+	if (rt->map)
+		munmap(rt->map, rt->map_bytes);
+	kiln_rti_free(rt->layer_index);
+	kiln_rti_free(rt->acct);
+	kiln_rti_free(rt);
+}

@@ -1,0 +1,364 @@
+/* runtime/select.c: the post-gate decision and the read-only getters.
+ *
+ * Everything here reads a validated blob (runtime/open.c) and the atomic
+ * accounting counters; nothing allocates, locks or waits.
+ */
+#include <string.h>
+
+#include "internal.h"
+
+static const kiln_blob_layer *layer_of(const kiln_rt *rt, int32_t model_layer)
+{
+	if (!rt || model_layer < 0 || (uint32_t)model_layer >= rt->meta->n_model_layers)
+		return NULL;
+	int32_t i = rt->layer_index[model_layer];
+	return i < 0 ? NULL : &rt->layers[i];
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+	return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
+{
+	if (!rt || !q || !out)
+		return KILN_RT_EINVAL;
+	if (q->stage < 0 || (uint32_t)q->stage >= rt->meta->n_stages)
+		return KILN_RT_ERANGE;
+	const kiln_blob_layer *L = layer_of(rt, q->layer);
+	if (!L || rt->sets[L->set].stage != (uint32_t)q->stage)
+		return KILN_RT_ERANGE;
+	const kiln_blob_set *S = &rt->sets[L->set];
+	const kiln_blob_stage *st = &rt->stages[q->stage];
+
+	uint64_t rows = q->total_rows;
+	if (q->tokens) {
+		if (q->n_tokens < 0 || q->n_tokens > (1 << 20))
+			return KILN_RT_EINVAL;
+		rows = 0;
+		for (int32_t i = 0; i < q->n_tokens; i++)
+			rows += q->tokens[i];
+	}
+
+	/* Load rounds up: the first bucket whose largest row count holds rows. */
+	uint32_t nb = rt->meta->n_buckets, flags = 0, b = 0;
+	const kiln_blob_bucket *bk = &rt->buckets[(size_t)L->set * nb];
+	double lf = 0;
+	if (S->balanced_rows) {
+		lf = (double)rows / (double)S->balanced_rows;
+		/* Branch-free lower bound: the searches' branches would be
+		 * unpredictable, and mispredictions are most of select's cost. */
+		uint32_t lo = 0, n = nb;
+		while (n > 1) {
+			uint32_t half = n / 2;
+			lo = bk[lo + half - 1].max_rows < rows ? lo + half : lo;
+			n -= half;
+		}
+		b = lo + (bk[lo].max_rows < rows);
+		if (b == nb) {
+			b = nb - 1;
+			flags |= KILN_PLAN_LOAD_BEYOND;
+		}
+	}
+
+	/* Free memory, and what must stay free for later work: the floor of
+	 * this micro-batch's later layers, the backward transient, and room for
+	 * the micro-batches that start before memory is next freed. */
+	uint64_t free_bytes = q->free_bytes;
+	uint32_t pending = q->pending;
+	if (free_bytes == KILN_RT_FREE_FROM_ACCOUNTING) {
+		if (atomic_load(&rt->acct->stage) != q->stage)
+			return KILN_RT_EINVAL;
+		uint64_t limit = atomic_load(&rt->acct->limit_bytes);
+		uint64_t held = atomic_load(&rt->acct->device_bytes);
+		uint32_t open = atomic_load(&rt->acct->open);
+		free_bytes = limit > held ? limit - held : 0;
+		/* ceil(inflight), at least 1 (without libm: the runtime needs none). */
+		double x = st->inflight < 1e6 ? st->inflight : 1e6;
+		uint32_t inflight = (uint32_t)x;
+		inflight += (double)inflight < x;
+		inflight = inflight ? inflight : 1;
+		/* The deciding micro-batch is one of the inflight even before
+		 * it has recorded anything. */
+		uint32_t s = q->microbatch % KILN_RTI_MB_SLOTS;
+		uint32_t self = !atomic_load(&rt->acct->mb_device[s]) && !atomic_load(&rt->acct->mb_host[s]);
+		uint32_t counted = open + self;
+		pending = inflight > counted ? inflight - counted : 0;
+	}
+	/* Pending micro-batches are first kept room for their steady plan (so
+	 * that 1F1B's warm-up does not leave the last of them only their
+	 * floor); when nothing fits that way, only for their floor, which is
+	 * all they need to be safe. */
+	uint64_t base = sat_add(L->tail_floor_bytes, st->transient_bytes);
+	uint64_t roomy = st->steady_bytes > st->floor_bytes ? st->steady_bytes : st->floor_bytes;
+	const kiln_blob_table *t = &rt->tables[(size_t)L->set * nb + b];
+	const kiln_blob_point *pts = &rt->points[t->first_point];
+	uint64_t avail = 0, need = 0;
+	uint32_t lo = 0;
+	for (int pass = pending ? 0 : 1; pass < 2; pass++) {
+		uint64_t reserve = sat_add(base, sat_mul(pending, pass ? st->floor_bytes : roomy));
+		avail = free_bytes > reserve ? free_bytes - reserve : 0;
+		/* Bytes to save round up to the table's quantum; the first point
+		 * that saves that much is the cheapest (points ascend in both). */
+		need = t->keep_bytes > avail ? t->keep_bytes - avail : 0;
+		uint64_t need_q = need / t->quantum_bytes + (need % t->quantum_bytes != 0);
+		uint32_t n = t->n_points;
+		lo = 0;
+		while (n > 1) {
+			uint32_t half = n / 2;
+			lo = pts[lo + half - 1].saved_q < need_q ? lo + half : lo;
+			n -= half;
+		}
+		lo += pts[lo].saved_q < need_q;
+		if (lo < t->n_points)
+			break;
+	}
+	if (lo == t->n_points) {
+		lo = t->n_points - 1;
+		flags |= KILN_PLAN_OVER_BUDGET;
+	}
+	const kiln_blob_point *p = &pts[lo];
+	const kiln_blob_plan *pl = &rt->plans[p->plan];
+	uint64_t saved = (uint64_t)p->saved_q * t->quantum_bytes;
+	*out = (kiln_plan){
+	    .actions = rt->actions + pl->actions,
+	    .n_units = (int32_t)S->n_units,
+	    .plan = (int32_t)p->plan,
+	    .template_id = pl->template_id == UINT32_MAX ? -1 : (int32_t)pl->template_id,
+	    .bucket = (int32_t)b,
+	    .load_factor = lf,
+	    .need_bytes = need,
+	    .saved_bytes = saved,
+	    .resident_bytes = t->keep_bytes - saved,
+	    .avail_bytes = avail,
+	    .exposed_us = p->exposed_us,
+	    .flags = flags,
+	};
+	return 0;
+}
+
+/* ---------------------------------------------------------------- getters */
+
+void kiln_rt_info_get(const kiln_rt *rt, kiln_rt_info *out)
+{
+	if (!out)
+		return;
+	if (!rt) {
+		*out = (kiln_rt_info){0};
+		return;
+	}
+	const kiln_blob_meta *m = rt->meta;
+	const kiln_blob_header *h = (const kiln_blob_header *)rt->base;
+	*out = (kiln_rt_info){
+	    .model = rt->strings + m->model_name,
+	    .compiler = rt->strings + m->compiler,
+	    .model_hash = m->model_hash,
+	    .major = h->major,
+	    .minor = h->minor,
+	    .n_stages = (int32_t)m->n_stages,
+	    .n_layers = (int32_t)m->n_layers,
+	    .n_model_layers = (int32_t)m->n_model_layers,
+	    .n_buckets = (int32_t)m->n_buckets,
+	    .max_factor = m->max_factor,
+	    .blob_bytes = rt->size,
+	};
+}
+
+int kiln_rt_stage_get(const kiln_rt *rt, int32_t stage, kiln_rt_stage_info *out)
+{
+	if (!rt || !out)
+		return KILN_RT_EINVAL;
+	if (stage < 0 || (uint32_t)stage >= rt->meta->n_stages)
+		return KILN_RT_ERANGE;
+	const kiln_blob_stage *s = &rt->stages[stage];
+	*out = (kiln_rt_stage_info){
+	    .capacity_bytes = s->capacity_bytes,
+	    .static_bytes = s->static_bytes,
+	    .fixed_bytes = s->fixed_bytes,
+	    .budget_bytes = s->budget_bytes,
+	    .steady_bytes = s->steady_bytes,
+	    .floor_bytes = s->floor_bytes,
+	    .transient_bytes = s->transient_bytes,
+	    .inflight = s->inflight,
+	    .safety_factor = s->safety_factor,
+	    .n_layers = (int32_t)s->n_layers,
+	};
+	return 0;
+}
+
+int kiln_rt_layer_get(const kiln_rt *rt, int32_t model_layer, kiln_rt_layer_info *out)
+{
+	if (!out)
+		return KILN_RT_EINVAL;
+	const kiln_blob_layer *L = layer_of(rt, model_layer);
+	if (!L)
+		return rt ? KILN_RT_ERANGE : KILN_RT_EINVAL;
+	const kiln_blob_set *S = &rt->sets[L->set];
+	*out = (kiln_rt_layer_info){
+	    .model_layer = model_layer,
+	    .stage = (int32_t)S->stage,
+	    .position = (int32_t)((size_t)(L - rt->layers) - rt->stages[S->stage].first_layer),
+	    .moe = (int)S->kind,
+	    .n_units = (int32_t)S->n_units,
+	    .balanced_rows = S->balanced_rows,
+	    .tail_floor_bytes = L->tail_floor_bytes,
+	};
+	return 0;
+}
+
+static const kiln_blob_unit *unit_of(const kiln_rt *rt, int32_t model_layer, int32_t unit)
+{
+	const kiln_blob_layer *L = layer_of(rt, model_layer);
+	if (!L || unit < 0 || (uint32_t)unit >= rt->sets[L->set].n_units)
+		return NULL;
+	return &rt->units[rt->sets[L->set].first_unit + (uint32_t)unit];
+}
+
+int kiln_rt_unit_get(const kiln_rt *rt, int32_t model_layer, int32_t unit, kiln_rt_unit_info *out)
+{
+	if (!rt || !out)
+		return KILN_RT_EINVAL;
+	const kiln_blob_unit *u = unit_of(rt, model_layer, unit);
+	if (!u)
+		return KILN_RT_ERANGE;
+	*out = (kiln_rt_unit_info){.name = rt->strings + u->name,
+	                           .flags = u->flags,
+	                           .base_bytes = u->base_bytes,
+	                           .per_row_bytes = u->per_row_bytes};
+	return 0;
+}
+
+uint64_t kiln_rt_unit_bytes(const kiln_rt *rt, int32_t model_layer, int32_t unit, uint64_t rows)
+{
+	const kiln_blob_unit *u = rt ? unit_of(rt, model_layer, unit) : NULL;
+	return u ? sat_add(u->base_bytes, sat_mul(u->per_row_bytes, rows)) : 0;
+}
+
+/* ---------------------------------------------------------------- templates */
+
+int kiln_rt_template_get(const kiln_rt *rt, int32_t template_id, kiln_rt_template_info *out)
+{
+	if (!rt || !out)
+		return KILN_RT_EINVAL;
+	if (template_id < 0 || (uint64_t)template_id >= rt->count[KILN_SEC_TEMPLATES])
+		return KILN_RT_ERANGE;
+	const kiln_blob_template *t = &rt->templates[template_id];
+	*out = (kiln_rt_template_info){.plan = (int32_t)t->plan,
+	                               .n_tasks = t->n_tasks,
+	                               .n_deps = t->n_deps,
+	                               .makespan_us = t->makespan_us,
+	                               .serial_us = t->serial_us,
+	                               .base_us = t->base_us,
+	                               .load_factor = t->load_factor};
+	return 0;
+}
+
+int kiln_rt_template_task(const kiln_rt *rt, int32_t template_id, int32_t i, kiln_rt_task *out)
+{
+	if (!rt || !out)
+		return KILN_RT_EINVAL;
+	if (template_id < 0 || (uint64_t)template_id >= rt->count[KILN_SEC_TEMPLATES])
+		return KILN_RT_ERANGE;
+	const kiln_blob_template *t = &rt->templates[template_id];
+	if (i < 0 || i >= t->n_tasks)
+		return KILN_RT_ERANGE;
+	const kiln_blob_set *S = &rt->sets[rt->plans[t->plan].set];
+	const kiln_blob_chunk *c = &rt->chunks[S->first_chunk + rt->tasks[t->first_task + (uint32_t)i]];
+	*out = (kiln_rt_task){.name = rt->strings + c->name,
+	                      .stream = c->stream,
+	                      .kind = c->kind,
+	                      .chain = c->chain,
+	                      .unit = c->unit == 255 ? -1 : c->unit};
+	return 0;
+}
+
+int kiln_rt_template_dep(const kiln_rt *rt, int32_t template_id, int32_t j, int32_t *out_task,
+                         int32_t *out_dep)
+{
+	if (!rt || !out_task || !out_dep)
+		return KILN_RT_EINVAL;
+	if (template_id < 0 || (uint64_t)template_id >= rt->count[KILN_SEC_TEMPLATES])
+		return KILN_RT_ERANGE;
+	const kiln_blob_template *t = &rt->templates[template_id];
+	if (j < 0 || j >= t->n_deps)
+		return KILN_RT_ERANGE;
+	*out_task = rt->deps[t->first_dep + (uint32_t)j].task;
+	*out_dep = rt->deps[t->first_dep + (uint32_t)j].dep;
+	return 0;
+}
+
+/* ---------------------------------------------------------------- tables and plans */
+
+static const kiln_blob_table *table_of(const kiln_rt *rt, int32_t model_layer, int32_t bucket,
+                                       const kiln_blob_bucket **out_bucket)
+{
+	const kiln_blob_layer *L = layer_of(rt, model_layer);
+	if (!L || bucket < 0 || (uint32_t)bucket >= rt->meta->n_buckets)
+		return NULL;
+	size_t i = (size_t)L->set * rt->meta->n_buckets + (size_t)bucket;
+	*out_bucket = &rt->buckets[i];
+	return &rt->tables[i];
+}
+
+int kiln_rt_table_get(const kiln_rt *rt, int32_t model_layer, int32_t bucket,
+                      kiln_rt_table_info *out)
+{
+	if (!rt || !out)
+		return KILN_RT_EINVAL;
+	const kiln_blob_bucket *bk;
+	const kiln_blob_table *t = table_of(rt, model_layer, bucket, &bk);
+	if (!t)
+		return KILN_RT_ERANGE;
+	*out = (kiln_rt_table_info){.load_factor = bk->load_factor,
+	                            .max_rows = bk->max_rows,
+	                            .quantum_bytes = t->quantum_bytes,
+	                            .keep_bytes = t->keep_bytes,
+	                            .n_points = (int32_t)t->n_points};
+	return 0;
+}
+
+int kiln_rt_point_get(const kiln_rt *rt, int32_t model_layer, int32_t bucket, int32_t i,
+                      kiln_rt_point *out)
+{
+	if (!rt || !out)
+		return KILN_RT_EINVAL;
+	const kiln_blob_bucket *bk;
+	const kiln_blob_table *t = table_of(rt, model_layer, bucket, &bk);
+	if (!t || i < 0 || (uint32_t)i >= t->n_points)
+		return KILN_RT_ERANGE;
+	const kiln_blob_point *p = &rt->points[t->first_point + (uint32_t)i];
+	*out = (kiln_rt_point){.saved_bytes = (uint64_t)p->saved_q * t->quantum_bytes,
+	                       .exposed_us = p->exposed_us,
+	                       .plan = (int32_t)p->plan};
+	return 0;
+}
+
+int kiln_rt_plan_get(const kiln_rt *rt, int32_t plan, const uint8_t **out_actions,
+                     int32_t *out_n_units, int32_t *out_template)
+{
+	if (!rt || !out_actions || !out_n_units || !out_template)
+		return KILN_RT_EINVAL;
+	if (plan < 0 || (uint64_t)plan >= rt->count[KILN_SEC_PLANS])
+		return KILN_RT_ERANGE;
+	const kiln_blob_plan *p = &rt->plans[plan];
+	*out_actions = rt->actions + p->actions;
+	*out_n_units = (int32_t)rt->sets[p->set].n_units;
+	*out_template = p->template_id == UINT32_MAX ? -1 : (int32_t)p->template_id;
+	return 0;
+}
+
+int32_t kiln_rt_plan_count(const kiln_rt *rt)
+{
+	return rt ? (int32_t)rt->count[KILN_SEC_PLANS] : 0;
+}
+
+int32_t kiln_rt_template_count(const kiln_rt *rt)
+{
+	return rt ? (int32_t)rt->count[KILN_SEC_TEMPLATES] : 0;
+}
