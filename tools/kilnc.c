@@ -16,9 +16,16 @@
 
 #include "codegen/codegen.h"
 #include "frontend/frontend.h"
+#include "kiln/runtime.h"
 #include "passes/passes.h"
+#include "tools/tools.h"
 
-enum { EXIT_OK = 0, EXIT_INPUT = 1, EXIT_USAGE = 2, EXIT_INFEASIBLE = 3 };
+enum {
+	EXIT_OK = KILNC_EXIT_OK,
+	EXIT_INPUT = KILNC_EXIT_INPUT,
+	EXIT_USAGE = KILNC_EXIT_USAGE,
+	EXIT_INFEASIBLE = KILNC_EXIT_INFEASIBLE
+};
 
 /* `kilnc viz` refuses larger inputs (kimi-k2-1t's MLIR is tens of MB). */
 #define VIZ_MAX_BYTES ((off_t)1 << 30)
@@ -37,13 +44,19 @@ static const char USAGE[] =
 	"      activation bytes per micro-batch at load factor 1 and at\n"
 	"      load.max_factor, in-flight micro-batches, peak with everything kept,\n"
 	"      capacity and headroom; then the iteration time and MFU estimate.\n"
-	"  compile MODEL [--solver dp|milp] [--json] [--dump-after=PASS]\n"
+	"  compile MODEL [-o PLAN.kiln] [--solver dp|milp] [--json] [--dump-after=PASS]\n"
 	"          [--emit-mlir F] [--emit-trace F] [--emit-svg F]\n"
 	"      Run every pass: units, per-unit keep/recompute/offload options, a\n"
 	"      Pareto frontier per (stage, layer kind, load bucket), budgets and\n"
 	"      the safety bound, the baselines and the interleaved schedules. Prints\n"
 	"      a summary, or the plan tables with --json, and writes the views asked\n"
-	"      for. Exit 3 when load.max_factor does not fit.\n"
+	"      for; -o writes the plan blob the runtime loads. Exit 3 when\n"
+	"      load.max_factor does not fit.\n"
+	"  inspect PLAN.kiln [--json] [--templates]\n"
+	"      Validate a plan blob as the runtime does and decode it.\n"
+	"  select PLAN.kiln --stage S --layer L (--tokens A,B,..|--rows N|--load-factor R)\n"
+	"         --free BYTES [--pending N] [--json]\n"
+	"      One runtime decision from the command line.\n"
 	"  viz PLAN.mlir -o OUT.svg|OUT.json\n"
 	"      Redraw the schedules of a plan emitted with --emit-mlir as an SVG\n"
 	"      timeline or a Chrome trace (Perfetto, chrome://tracing).\n"
@@ -86,8 +99,8 @@ static const char HELP_REPORT[] =
 	"bytes and microseconds (docs/cli.md).\n";
 
 static const char HELP_COMPILE[] =
-	"usage: kilnc compile MODEL [--solver dp|milp] [--json] [--dump-after=PASS]\n"
-	"                     [--emit-mlir F] [--emit-trace F] [--emit-svg F]\n"
+	"usage: kilnc compile MODEL [-o PLAN.kiln] [--solver dp|milp] [--json]\n"
+	"                     [--dump-after=PASS] [--emit-mlir F] [--emit-trace F] [--emit-svg F]\n"
 	"\n"
 	"Plans activation memory for MODEL. For every pipeline stage and layer kind:\n"
 	"the saved activations (units), and for each load bucket from 0 to\n"
@@ -99,6 +112,9 @@ static const char HELP_COMPILE[] =
 	"AdaPipe) are planned too, and each plan's forward and backward chunks are\n"
 	"interleaved into a schedule template.\n"
 	"\n"
+	"  -o PLAN.kiln    write the plan blob the runtime loads (docs/blob-format.md);\n"
+	"                  it is opened with the runtime's own validator before it is\n"
+	"                  written\n"
 	"  --solver dp     dynamic programming over quantised bytes (default)\n"
 	"  --solver milp   an exact MILP (GLPK) for every frontier point; slower\n"
 	"  --json          the plan tables as one JSON document (docs/cli.md)\n"
@@ -111,10 +127,11 @@ static const char HELP_COMPILE[] =
 	"  --emit-svg F    the stage timelines as an SVG\n"
 	"\n"
 	"Each view goes to a temporary file beside F, renamed into place when\n"
-	"complete: F is either whole or untouched. Views are written on exit 3 too.\n"
+	"complete: F is either whole or untouched, and so is PLAN.kiln. Views are\n"
+	"written on exit 3 too; the blob is not (a plan that cannot take the\n"
+	"load it promises must not reach a trainer).\n"
 	"Exit status 3, with each stage and its largest feasible load factor on\n"
-	"stderr, when load.max_factor does not fit on some stage. The plan blob\n"
-	"(-o PLAN.kiln) arrives with the runtime; until then --json is the output.\n"
+	"stderr, when load.max_factor does not fit on some stage.\n"
 	"Progress goes to stderr when stderr is a terminal.\n";
 
 static const char HELP_VIZ[] =
@@ -124,8 +141,8 @@ static const char HELP_VIZ[] =
 	"`kilnc compile MODEL --emit-mlir PLAN.mlir` and draws them: OUT.svg as an SVG\n"
 	"timeline, OUT.json as Chrome trace JSON, the same bytes --emit-svg and\n"
 	"--emit-trace write. OUT goes to a temporary file beside it, renamed into\n"
-	"place when complete. PLAN.kiln (the blob) cannot be read yet: it arrives\n"
-	"with the runtime.\n"
+	"place when complete. A plan blob (PLAN.kiln) cannot be drawn: it keeps each\n"
+	"template's task order for the runtime, not the predicted times.\n"
 	"\n"
 	"Exit status 1 when PLAN is not a regular file, is over 1 GiB or is not\n"
 	"kiln's MLIR (each problem on stderr as PLAN:LINE:COL: error: MESSAGE);\n"
@@ -161,6 +178,8 @@ static int print_help(const char *cmd)
 		fputs(HELP_COMPILE, stdout);
 	} else if (strcmp(cmd, "viz") == 0) {
 		fputs(HELP_VIZ, stdout);
+	} else if (kilnc_help_blob(cmd) == 0) {
+		/* printed */
 	} else {
 		usage_error("no help for unknown command '%s'", cmd);
 		return EXIT_USAGE;
@@ -173,6 +192,7 @@ typedef struct options {
 	const char *dump_after;
 	const char *solver;
 	const char *emit_mlir, *emit_trace, *emit_svg; /* compile: view paths, or NULL */
+	const char *blob;                              /* compile: -o PLAN.kiln, or NULL */
 	bool json;
 	bool help;
 } options;
@@ -245,11 +265,24 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 				fprintf(stderr, "Try 'kilnc help %s'.\n", cmd);
 				return EXIT_USAGE;
 			}
-		} else if (allow_solver && (strcmp(a, "-o") == 0 || strncmp(a, "--output", 8) == 0)) {
-			usage_error("%s: the plan blob is not implemented yet (it arrives with the "
-			            "runtime); use --json for the plan tables",
-			            a);
-			return EXIT_USAGE;
+		} else if (allow_solver && strcmp(a, "-o") == 0) {
+			if (i + 1 >= argc || !*argv[i + 1]) {
+				usage_error("%s needs a file name", a);
+				return EXIT_USAGE;
+			}
+			if (out->blob) {
+				usage_error("%s given twice", a);
+				return EXIT_USAGE;
+			}
+			out->blob = argv[++i];
+		} else if (allow_solver && strncmp(a, "--output", 8) == 0) {
+			int m = path_option("--output", argc, argv, &i, &out->blob);
+			if (m == EXIT_USAGE)
+				return EXIT_USAGE;
+			if (m == 0) {
+				fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n", a, cmd);
+				return EXIT_USAGE;
+			}
 		} else if (a[0] == '-' && a[1] != '\0') {
 			fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n", a, cmd);
 			fprintf(stderr, "Try 'kilnc help %s'.\n", cmd);
@@ -273,9 +306,9 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 			return EXIT_USAGE;
 		}
 	}
-	const char *views[] = {out->emit_mlir, out->emit_trace, out->emit_svg};
-	for (int i = 0; i < 3; i++)
-		for (int j = i + 1; j < 3; j++)
+	const char *views[] = {out->emit_mlir, out->emit_trace, out->emit_svg, out->blob};
+	for (int i = 0; i < 4; i++)
+		for (int j = i + 1; j < 4; j++)
 			if (views[i] && views[j] && strcmp(views[i], views[j]) == 0) {
 				usage_error("two views would be written to '%s'", views[i]);
 				return EXIT_USAGE;
@@ -562,20 +595,61 @@ static int write_view(const char *path, view_fn fn, const void *arg)
 	return commit_views(&v, 1, rc == EXIT_OK);
 }
 
-/* The views compile was asked for, all or none. Returns 0 or EXIT_INPUT
- * (reported). */
-static int write_views(const options *o, const kiln_compilation *c)
+/* The blob's bytes, for view_blob. */
+typedef struct blob_bytes {
+	unsigned char *p;
+	size_t len;
+} blob_bytes;
+
+static int view_blob(const void *arg, FILE *f)
 {
-	if (!o->emit_mlir && !o->emit_trace && !o->emit_svg)
+	const blob_bytes *b = arg;
+	return fwrite(b->p, 1, b->len, f) == b->len ? 0 : -1;
+}
+
+/* Builds the blob and opens it with the runtime's validator, which must
+ * accept what the compiler wrote. Returns 0 or EXIT_INPUT (reported). */
+static int build_blob(const kiln_compilation *c, blob_bytes *out)
+{
+	*out = (blob_bytes){0};
+	if (kiln_blob_build(c, stderr, &out->p, &out->len) != 0)
+		return EXIT_INPUT;
+	kiln_rt *rt = NULL;
+	int rc = kiln_rt_open(out->p, out->len, &rt);
+	kiln_rt_close(rt);
+	if (rc != KILN_RT_OK) {
+		fprintf(stderr, "kilnc: internal error: the runtime rejects the blob just written: %s\n",
+		        kiln_rt_strerror(rc));
+		free(out->p);
+		*out = (blob_bytes){0};
+		return EXIT_INPUT;
+	}
+	return EXIT_OK;
+}
+
+/* The views compile was asked for, and the blob when feasible: all or none.
+ * Returns 0 or EXIT_INPUT (reported). */
+static int write_views(const options *o, const kiln_compilation *c, bool feasible)
+{
+	bool blob = o->blob && feasible;
+	if (!o->emit_mlir && !o->emit_trace && !o->emit_svg && !blob)
 		return EXIT_OK;
 	if (!c->schedule) {
 		fprintf(stderr, "kilnc: internal error: no schedule to write (the interleave pass did "
 		                "not run)\n");
 		return EXIT_INPUT;
 	}
-	staged_view v[3];
+	staged_view v[4];
+	blob_bytes bytes = {0};
 	int n = 0, rc = EXIT_OK;
-	if (o->emit_mlir) {
+	if (blob) {
+		rc = build_blob(c, &bytes);
+		if (rc == EXIT_OK) {
+			v[n] = (staged_view){.path = o->blob};
+			rc = stage_view(&v[n++], view_blob, &bytes);
+		}
+	}
+	if (rc == EXIT_OK && o->emit_mlir) {
 		v[n] = (staged_view){.path = o->emit_mlir};
 		rc = stage_view(&v[n++], view_mlir, c);
 	}
@@ -587,6 +661,7 @@ static int write_views(const options *o, const kiln_compilation *c)
 		v[n] = (staged_view){.path = o->emit_svg};
 		rc = stage_view(&v[n++], view_svg, c->schedule);
 	}
+	free(bytes.p);
 	/* Two names for one file (x.json and ./x.json) would overwrite each other. */
 	for (int i = 0; i < n && rc == EXIT_OK; i++)
 		for (int j = i + 1; j < n && rc == EXIT_OK; j++)
@@ -749,8 +824,9 @@ static int cmd_viz(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	if (has_suffix(plan, ".kiln")) {
-		usage_error("%s: viz of a plan blob is not available yet (the blob arrives with the "
-		            "runtime); use the MLIR of kilnc compile --emit-mlir",
+		usage_error("%s: a plan blob keeps task order, not times, so viz cannot draw it; use "
+		            "the MLIR of kilnc compile --emit-mlir (kilnc inspect --templates lists "
+		            "a blob's templates)",
 		            plan);
 		return EXIT_USAGE;
 	}
@@ -813,7 +889,7 @@ static int cmd_compile(int argc, char **argv)
 	} else if (rc != 0) {
 		fprintf(stderr, "kilnc: error: compiling %s failed\n", o.model);
 		rc = EXIT_INPUT;
-	} else if ((rc = write_views(&o, &c)) != EXIT_OK) {
+	} else if ((rc = write_views(&o, &c, kiln_plans_infeasible_stages(&c) == 0)) != EXIT_OK) {
 		/* reported; nothing on stdout */
 	} else if (kiln_plans_infeasible_stages(&c) > 0) {
 		kiln_plans_report_infeasible(&c, stderr);
@@ -860,6 +936,10 @@ int main(int argc, char **argv)
 		return cmd_compile(argc - 2, argv + 2);
 	if (strcmp(cmd, "viz") == 0)
 		return finish_output(cmd_viz(argc - 2, argv + 2));
+	if (strcmp(cmd, "inspect") == 0)
+		return finish_output(kilnc_inspect(argc - 2, argv + 2));
+	if (strcmp(cmd, "select") == 0)
+		return finish_output(kilnc_select(argc - 2, argv + 2));
 	if (cmd[0] == '-')
 		usage_error("unknown option '%s'", cmd);
 	else

@@ -1,0 +1,303 @@
+/* tests/test_blobcmd.c: `kilnc compile -o`, `kilnc inspect` and `kilnc
+ * select` (tools/blobcmd.c, tools/kilnc.c), run as a user would. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "codegen/codegen.h"
+#include "kiln/runtime.h"
+#include "kiln_test.h"
+
+static char *read_all(const char *path, size_t *out_len)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *buf = malloc((size_t)n + 1);
+	cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+	fclose(f);
+	buf[n] = '\0';
+	*out_len = (size_t)n;
+	return buf;
+}
+
+/* A fresh path in the temporary directory (the file does not exist). */
+static char *fresh_path(const char *suffix)
+{
+	char *p = kt_temp_file(suffix, "", 0);
+	unlink(p);
+	return p;
+}
+
+static char *compile_tiny(void)
+{
+	char *out = fresh_path(".kiln");
+	kt_run r = kt_kilnc(
+	    (const char *const[]){"compile", kt_src("examples/models/tiny.yaml"), "-o", out, NULL},
+	    NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	return out;
+}
+
+Test(blobcmd, compile_writes_the_same_blob_twice)
+{
+	char *a = compile_tiny(), *b = compile_tiny();
+	size_t na, nb;
+	char *x = read_all(a, &na), *y = read_all(b, &nb);
+	cr_assert_not_null(x);
+	cr_assert_eq(na, nb);
+	cr_assert_eq(memcmp(x, y, na), 0, "the same model gives the same bytes");
+	cr_assert_eq(memcmp(x, "KILNPLAN", 8), 0);
+	/* And the runtime opens the file directly (mmap). */
+	kiln_rt *rt = NULL;
+	cr_assert_eq(kiln_rt_open_file(a, &rt), 0);
+	kiln_rt_close(rt);
+	unlink(a);
+	unlink(b);
+	free(a);
+	free(b);
+	free(x);
+	free(y);
+}
+
+Test(blobcmd, compile_refuses_bad_output_and_leaves_no_file)
+{
+	/* -o without a name is a usage error. */
+	kt_run r = kt_kilnc((const char *const[]){"compile", kt_src("examples/models/tiny.yaml"),
+	                                          "-o", NULL},
+	                    NULL);
+	cr_assert_eq(r.status, 2, "%s", r.err);
+	kt_run_free(&r);
+	/* A directory that does not exist: exit 1, nothing written. */
+	r = kt_kilnc((const char *const[]){"compile", kt_src("examples/models/tiny.yaml"), "-o",
+	                                   "/nonexistent-dir/plan.kiln", NULL},
+	             NULL);
+	cr_assert_eq(r.status, 1, "%s", r.err);
+	cr_assert_not_null(strstr(r.err, "plan.kiln"), "%s", r.err);
+	kt_run_free(&r);
+	/* The blob and a view on one file. */
+	char *p = fresh_path(".kiln");
+	r = kt_kilnc((const char *const[]){"compile", kt_src("examples/models/tiny.yaml"), "-o", p,
+	                                   "--emit-svg", p, NULL},
+	             NULL);
+	cr_assert_eq(r.status, 2, "%s", r.err);
+	cr_assert_neq(access(p, F_OK), 0);
+	kt_run_free(&r);
+	free(p);
+}
+
+/* Exit 3 writes the views but not the blob: a plan that cannot take the
+ * load it promises must not reach a trainer. */
+Test(blobcmd, infeasible_model_writes_no_blob)
+{
+	FILE *f = fopen(kt_src("examples/models/tiny.yaml"), "r");
+	char text[8192];
+	size_t len = fread(text, 1, sizeof text - 1, f);
+	fclose(f);
+	text[len] = '\0';
+	char *at = strstr(text, "memory_gib:");
+	char *eol = strchr(at, '\n');
+	char out[8400];
+	/* 5 MiB (tests/test_plan.c: not even load 1 fits). */
+	snprintf(out, sizeof out, "%.*smemory_gib: 0.0048828125%s", (int)(at - text), text, eol);
+	char *model = kt_temp_file(".yaml", out, strlen(out));
+	char *blob = fresh_path(".kiln"), *svg = fresh_path(".svg");
+	kt_run r = kt_kilnc((const char *const[]){"compile", model, "-o", blob, "--emit-svg", svg,
+	                                          NULL},
+	                    NULL);
+	cr_assert_eq(r.status, 3, "%s", r.err);
+	cr_assert_neq(access(blob, F_OK), 0, "no blob on exit 3");
+	cr_assert_eq(access(svg, F_OK), 0, "views are written on exit 3");
+	kt_run_free(&r);
+	unlink(svg);
+	unlink(model);
+	free(svg);
+	free(blob);
+	free(model);
+}
+
+Test(blobcmd, inspect_text_and_json)
+{
+	char *p = compile_tiny();
+	kt_run r = kt_kilnc((const char *const[]){"inspect", p, NULL}, NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "kiln plan blob 1.0"), "%s", r.out);
+	cr_assert_not_null(strstr(r.out, "model tiny"), "%s", r.out);
+	cr_assert_not_null(strstr(r.out, "moe.expert_up"), "%s", r.out);
+	cr_assert_not_null(strstr(r.out, "TEMPLATES"), "%s", r.out);
+	kt_run_free(&r);
+
+	r = kt_kilnc((const char *const[]){"inspect", p, "--json", "--templates", NULL}, NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kiln_json *doc = kiln_json_parse(r.out, r.out_len);
+	cr_assert_not_null(doc, "inspect --json is one JSON document");
+	cr_assert_eq(kiln_json_number(kiln_json_get(kiln_json_get(doc, "blob"), "major")), 1);
+	cr_assert_str_eq(kiln_json_string(kiln_json_get(kiln_json_get(doc, "model"), "name")),
+	                 "tiny");
+	const kiln_json *stages = kiln_json_get(doc, "stages");
+	cr_assert_eq(kiln_json_size(stages), 2, "tiny has pp = 2");
+	/* tiny: 8 layers, 4 per stage (examples/models/tiny.yaml). */
+	cr_assert_eq(kiln_json_size(kiln_json_get(kiln_json_at(stages, 0), "layers")), 4);
+	const kiln_json *kinds = kiln_json_get(doc, "layer_kinds");
+	cr_assert_geq(kiln_json_size(kinds), 2);
+	const kiln_json *tables = kiln_json_get(kiln_json_at(kinds, 0), "tables");
+	cr_assert_eq(kiln_json_size(tables), 30, "30 load buckets up to 3x");
+	cr_assert_gt(kiln_json_size(kiln_json_get(doc, "template_list")), 0);
+	kiln_json_free(doc);
+	kt_run_free(&r);
+	unlink(p);
+	free(p);
+}
+
+Test(blobcmd, bad_blobs_exit_1_with_the_reason)
+{
+	char *p = compile_tiny();
+	size_t len;
+	char *bytes = read_all(p, &len);
+	struct {
+		const char *what;
+		size_t len;
+		int flip;
+		const char *msg;
+	} cases[] = {
+	    {"truncated", 1000, -1, "truncated"},
+	    {"checksum", 0, 5000, "checksum"},
+	    {"magic", 0, 0, "bad magic"},
+	    {"empty", 0, -2, "bad magic"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		size_t n = cases[i].len ? cases[i].len : len;
+		if (cases[i].flip == -2)
+			n = 0;
+		char *copy = malloc(len);
+		memcpy(copy, bytes, len);
+		if (cases[i].flip >= 0)
+			copy[cases[i].flip] ^= 0x40;
+		char *bad = kt_temp_file(".kiln", copy, n);
+		kt_run r = kt_kilnc((const char *const[]){"inspect", bad, NULL}, NULL);
+		cr_assert_eq(r.status, 1, "%s: %s", cases[i].what, r.err);
+		cr_assert_not_null(strstr(r.err, cases[i].msg), "%s: %s", cases[i].what, r.err);
+		cr_assert_eq(r.out_len, 0);
+		kt_run_free(&r);
+		r = kt_kilnc((const char *const[]){"select", bad, "--stage", "0", "--layer", "0",
+		                                   "--rows", "0", "--free", "1G", NULL},
+		             NULL);
+		cr_assert_eq(r.status, 1, "%s: %s", cases[i].what, r.err);
+		kt_run_free(&r);
+		unlink(bad);
+		free(bad);
+		free(copy);
+	}
+	/* Not a regular file; a missing file. */
+	kt_run r = kt_kilnc((const char *const[]){"inspect", "/tmp", NULL}, NULL);
+	cr_assert_eq(r.status, 1);
+	kt_run_free(&r);
+	r = kt_kilnc((const char *const[]){"inspect", "/nonexistent.kiln", NULL}, NULL);
+	cr_assert_eq(r.status, 1);
+	kt_run_free(&r);
+	unlink(p);
+	free(p);
+	free(bytes);
+}
+
+/* select from the command line agrees with the library. */
+Test(blobcmd, select_matches_the_runtime)
+{
+	char *p = compile_tiny();
+	kiln_rt *rt = NULL;
+	cr_assert_eq(kiln_rt_open_file(p, &rt), 0);
+	kiln_rt_layer_info li;
+	cr_assert_eq(kiln_rt_layer_get(rt, 5, &li), 0);
+	cr_assert(li.moe, "tiny's layer 5 is an MoE layer");
+	/* A spike of 2.5x with 3 MiB free, and the calm case with 8 MiB. */
+	const char *frees[] = {"3MiB", "8M"};
+	const uint64_t free_bytes[] = {3u << 20, 8u << 20};
+	for (int k = 0; k < 2; k++) {
+		char stage[16];
+		snprintf(stage, sizeof stage, "%d", li.stage);
+		kt_run r = kt_kilnc((const char *const[]){"select", p, "--stage", stage, "--layer", "5",
+		                                          "--load-factor", k ? "1" : "2.5", "--free",
+		                                          frees[k], "--json", NULL},
+		                    NULL);
+		cr_assert_eq(r.status, 0, "%s", r.err);
+		kiln_json *doc = kiln_json_parse(r.out, r.out_len);
+		cr_assert_not_null(doc);
+		kiln_query q = {.stage = li.stage,
+		                .layer = 5,
+		                .total_rows = (uint64_t)ceil((k ? 1.0 : 2.5) * li.balanced_rows - 1e-9),
+		                .free_bytes = free_bytes[k]};
+		kiln_plan want;
+		cr_assert_eq(kiln_rt_select(rt, &q, &want), 0);
+		cr_assert_eq(kiln_json_number(kiln_json_get(doc, "plan")), want.plan);
+		cr_assert_eq(kiln_json_number(kiln_json_get(doc, "rows")), (double)q.total_rows);
+		cr_assert_eq(kiln_json_number(kiln_json_get(doc, "avail_bytes")),
+		             (double)want.avail_bytes);
+		const kiln_json *units = kiln_json_get(doc, "units");
+		cr_assert_eq(kiln_json_size(units), want.n_units);
+		static const char *names[] = {"keep", "recompute", "offload"};
+		for (int32_t u = 0; u < want.n_units; u++)
+			cr_assert_str_eq(kiln_json_string(kiln_json_get(kiln_json_at(units, u), "action")),
+			                 names[want.actions[u]]);
+		kiln_json_free(doc);
+		kt_run_free(&r);
+	}
+	/* Text output names the units and the decision. */
+	kt_run r = kt_kilnc((const char *const[]){"select", p, "--stage", "1", "--layer", "5",
+	                                          "--tokens", "100,200,0,3", "--free", "2MiB", NULL},
+	                    NULL);
+	if (li.stage == 1) {
+		cr_assert_eq(r.status, 0, "%s", r.err);
+		cr_assert_not_null(strstr(r.out, "303 rows"), "%s", r.out);
+		cr_assert_not_null(strstr(r.out, "moe.expert_up"), "%s", r.out);
+	}
+	kt_run_free(&r);
+	kiln_rt_close(rt);
+	unlink(p);
+	free(p);
+}
+
+Test(blobcmd, select_usage_errors_exit_2)
+{
+	char *p = compile_tiny();
+	const char *const cases[][12] = {
+	    {"select", NULL},
+	    {"select", "PLAN", "--stage", "0", "--layer", "0", "--free", "1G", NULL},
+	    {"select", "PLAN", "--stage", "0", "--layer", "0", "--rows", "1", "--load-factor", "1",
+	     "--free", NULL},
+	    {"select", "PLAN", "--stage", "x", "--layer", "0", "--rows", "1", "--free", "1G", NULL},
+	    {"select", "PLAN", "--stage", "0", "--layer", "0", "--rows", "1", "--free", "1Q", NULL},
+	    {"select", "PLAN", "--stage", "0", "--layer", "0", "--tokens", "1,,2", "--free", "1G",
+	     NULL},
+	    {"select", "PLAN", "--stage", "0", "--layer", "0", "--load-factor", "-1", "--free", "1G",
+	     NULL},
+	    {"select", "PLAN", "--stage", "7", "--layer", "0", "--rows", "1", "--free", "1G", NULL},
+	    {"select", "PLAN", "--stage", "1", "--layer", "0", "--rows", "1", "--free", "1G", NULL},
+	    {"select", "PLAN", "--stage", "0", "--layer", "99", "--rows", "1", "--free", "1G", NULL},
+	    {"select", "PLAN", "--stage", "0", "--layer", "0", "--rows", "1", "--free", "1G",
+	     "--bogus"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		const char *args[13] = {0};
+		for (int k = 0; k < 12 && cases[i][k]; k++)
+			args[k] = strcmp(cases[i][k], "PLAN") == 0 ? p : cases[i][k];
+		kt_run r = kt_kilnc(args, NULL);
+		cr_assert_eq(r.status, 2, "case %zu: status %d: %s", i, r.status, r.err);
+		cr_assert_gt(r.err_len, 0, "case %zu explains itself", i);
+		cr_assert_eq(r.out_len, 0);
+		kt_run_free(&r);
+	}
+	kt_run r = kt_kilnc((const char *const[]){"help", "select", NULL}, NULL);
+	cr_assert_eq(r.status, 0);
+	cr_assert_not_null(strstr(r.out, "--load-factor"));
+	kt_run_free(&r);
+	unlink(p);
+	free(p);
+}

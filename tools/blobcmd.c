@@ -1,0 +1,793 @@
+/* tools/blobcmd.c: the kilnc commands that read a plan blob through the
+ * runtime's public API: `inspect` (decode it) and `select` (one runtime
+ * decision from the command line). docs/cli.md lists their JSON keys.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "codegen/codegen.h"
+#include "kiln/blob.h"
+#include "kiln/runtime.h"
+#include "tools/tools.h"
+
+static const char *action_name(int a)
+{
+	static const char *names[] = {"keep", "recompute", "offload"};
+	return a >= 0 && a < 3 ? names[a] : "?";
+}
+
+static const char *stream_name(int s)
+{
+	static const char *names[] = {"compute", "comm", "d2h", "h2d"};
+	return s >= 0 && s < 4 ? names[s] : "?";
+}
+
+static const char *kind_name(int k)
+{
+	static const char *names[] = {"forward", "backward", "recompute", "copy", "comm"};
+	return k >= 0 && k < 5 ? names[k] : "?";
+}
+
+static const char *section_name(int id)
+{
+	switch (id) {
+#define X(name, type)                                                                              \
+	case KILN_SEC_##name:                                                                      \
+		return #name;
+		KILN_BLOB_SECTIONS(X)
+#undef X
+	}
+	return "?";
+}
+
+/* Human-readable bytes: B, KiB, MiB, GiB. */
+static void fmt_bytes(char *buf, size_t n, uint64_t v)
+{
+	if (v < 1024)
+		snprintf(buf, n, "%" PRIu64 " B", v);
+	else if (v < (1u << 20))
+		snprintf(buf, n, "%.2f KiB", v / 1024.0);
+	else if (v < (1u << 30))
+		snprintf(buf, n, "%.2f MiB", v / 1048576.0);
+	else
+		snprintf(buf, n, "%.2f GiB", v / 1073741824.0);
+}
+
+/* Reads a blob file into an 8-aligned buffer and opens it. Returns 0, or
+ * EXIT_INPUT after a message naming path. */
+static int load_blob(const char *path, unsigned char **out_bytes, size_t *out_len, kiln_rt **out)
+{
+	*out = NULL;
+	*out_bytes = NULL;
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0) {
+		fprintf(stderr, "kilnc: error: cannot open %s: %s\n", path, strerror(errno));
+		return KILNC_EXIT_INPUT;
+	}
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		fprintf(stderr, "kilnc: error: %s: not a regular file\n", path);
+		close(fd);
+		return KILNC_EXIT_INPUT;
+	}
+	if ((uint64_t)st.st_size > KILN_BLOB_MAX_BYTES) {
+		fprintf(stderr, "kilnc: error: %s: %lld bytes, over the 1 GiB limit of a plan blob\n",
+		        path, (long long)st.st_size);
+		close(fd);
+		return KILNC_EXIT_INPUT;
+	}
+	size_t cap = (size_t)st.st_size, len = 0;
+	unsigned char *buf = malloc(cap ? cap : 1);
+	if (!buf) {
+		fprintf(stderr, "kilnc: error: out of memory reading %s\n", path);
+		close(fd);
+		return KILNC_EXIT_INPUT;
+	}
+	while (len < cap) {
+		ssize_t k = read(fd, buf + len, cap - len);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			break;
+		len += (size_t)k;
+	}
+	close(fd);
+	int rc = kiln_rt_open(buf, len, out);
+	if (rc != KILN_RT_OK) {
+		fprintf(stderr, "kilnc: error: %s: %s\n", path, kiln_rt_strerror(rc));
+		free(buf);
+		return KILNC_EXIT_INPUT;
+	}
+	*out_bytes = buf;
+	*out_len = len;
+	return KILNC_EXIT_OK;
+}
+
+/* ---------------------------------------------------------------- inspect */
+
+static const char HELP_INSPECT[] =
+	"usage: kilnc inspect PLAN.kiln [--json] [--templates]\n"
+	"\n"
+	"Validates a plan blob exactly as the runtime's kiln_rt_open does and decodes\n"
+	"it: the header (format version, size, checksum, sections), the model it was\n"
+	"compiled from, per stage the memory figures the runtime decides with, per\n"
+	"stage and layer kind the units and the plan table of every load bucket, and\n"
+	"the plan and template counts. --templates also lists every template's tasks\n"
+	"in start order. --json gives one JSON document (keys in docs/cli.md).\n"
+	"\n"
+	"Exit status 1, with the reason, when the file is not a valid blob.\n";
+
+static const char HELP_SELECT[] =
+	"usage: kilnc select PLAN.kiln --stage S --layer L\n"
+	"                    (--tokens A,B,... | --rows N | --load-factor R) --free BYTES\n"
+	"                    [--pending N] [--json]\n"
+	"\n"
+	"One runtime decision (kiln_rt_select), as a trainer would ask for it after\n"
+	"layer L's MoE gate on pipeline stage S:\n"
+	"  --layer L          model layer number (0-based; kilnc inspect lists them)\n"
+	"  --tokens A,B,...   rows routed to each of this device's local experts\n"
+	"  --rows N           their sum\n"
+	"  --load-factor R    or a load factor: rows = ceil(R * balanced rows)\n"
+	"  --free BYTES       device bytes free now; suffixes K, M, G, T (powers of\n"
+	"                     1024; KiB, MiB, ... and KB, MB, ... mean the same)\n"
+	"  --pending N        micro-batches that start a forward on this stage before\n"
+	"                     memory is next freed (default 0)\n"
+	"Prints the load bucket, the bytes to save, the chosen plan (one action per\n"
+	"unit, with the unit's bytes at these rows), its exposed time and flags:\n"
+	"over-budget (nothing fits: the maximal-saving plan) and load-beyond (load\n"
+	"above load.max_factor).\n"
+	"\n"
+	"Exit status 1 for a bad blob, 2 for bad arguments (also a stage or layer\n"
+	"the blob does not have).\n";
+
+int kilnc_help_blob(const char *cmd)
+{
+	if (strcmp(cmd, "inspect") == 0)
+		fputs(HELP_INSPECT, stdout);
+	else if (strcmp(cmd, "select") == 0)
+		fputs(HELP_SELECT, stdout);
+	else
+		return -1;
+	return 0;
+}
+
+static void unit_flags(uint32_t f, char *buf, size_t n)
+{
+	snprintf(buf, n, "%s%s%s%s", f & KILN_RT_UNIT_LAYER_INPUT ? "input " : "",
+	         f & KILN_RT_UNIT_COLLECTIVE ? "collective " : "", f & KILN_RT_UNIT_RNG ? "rng " : "",
+	         f & KILN_RT_UNIT_EXPERT ? "expert " : "");
+	size_t len = strlen(buf);
+	if (len && buf[len - 1] == ' ')
+		buf[len - 1] = '\0';
+	if (!len)
+		snprintf(buf, n, "-");
+}
+
+/* The first model layer of each (stage, kind) in stage order: the runtime
+ * keeps one table set per pair. Returns how many were found. */
+static int32_t layer_kinds(const kiln_rt *rt, int32_t *out, int32_t cap)
+{
+	kiln_rt_info info;
+	kiln_rt_info_get(rt, &info);
+	int32_t n = 0;
+	for (int32_t s = 0; s < info.n_stages; s++)
+		for (int moe = 0; moe <= 1; moe++)
+			for (int32_t l = 0; l < info.n_model_layers; l++) {
+				kiln_rt_layer_info li;
+				if (kiln_rt_layer_get(rt, l, &li) == 0 && li.stage == s && li.moe == moe) {
+					if (n < cap)
+						out[n++] = l;
+					break;
+				}
+			}
+	return n;
+}
+
+static int32_t layers_of(const kiln_rt *rt, int32_t stage, int moe)
+{
+	kiln_rt_info info;
+	kiln_rt_info_get(rt, &info);
+	int32_t n = 0;
+	for (int32_t l = 0; l < info.n_model_layers; l++) {
+		kiln_rt_layer_info li;
+		if (kiln_rt_layer_get(rt, l, &li) == 0 && li.stage == stage && (moe < 0 || li.moe == moe))
+			n++;
+	}
+	return n;
+}
+
+static void inspect_text(const kiln_rt *rt, const char *path, const unsigned char *bytes,
+                         bool templates)
+{
+	kiln_rt_info info;
+	kiln_rt_info_get(rt, &info);
+	kiln_blob_header h;
+	memcpy(&h, bytes, sizeof h);
+	char b1[32], b2[32], b3[32], b4[32], b5[32];
+	fmt_bytes(b1, sizeof b1, info.blob_bytes);
+	printf("%s: kiln plan blob %d.%d, %zu bytes (%s), CRC32C %08" PRIx32 " ok\n", path,
+	       info.major, info.minor, info.blob_bytes, b1, h.crc32c);
+	printf("model %s (hash %016" PRIx64 "), compiled by %s\n", info.model, info.model_hash,
+	       info.compiler);
+	printf("%d stages, %d planned layers of %d, %d load buckets up to %gx, %d plans, %d "
+	       "templates\n\n",
+	       info.n_stages, info.n_layers, info.n_model_layers, info.n_buckets, info.max_factor,
+	       kiln_rt_plan_count(rt), kiln_rt_template_count(rt));
+	printf("section      offset   records      bytes\n");
+	for (uint32_t i = 0; i < h.n_sections; i++) {
+		kiln_blob_section s;
+		memcpy(&s, bytes + h.table_offset + i * sizeof s, sizeof s);
+		printf("%-10s %8" PRIu64 " %9" PRIu64 " %10" PRIu64 "\n", section_name((int)s.id),
+		       s.offset, s.count, s.count * s.record_bytes);
+	}
+	printf("\nstage   capacity     static      floor  transient  inflight  safety  layers\n");
+	for (int32_t s = 0; s < info.n_stages; s++) {
+		kiln_rt_stage_info si;
+		kiln_rt_stage_get(rt, s, &si);
+		fmt_bytes(b1, sizeof b1, si.capacity_bytes);
+		fmt_bytes(b2, sizeof b2, si.static_bytes);
+		fmt_bytes(b3, sizeof b3, si.floor_bytes);
+		fmt_bytes(b4, sizeof b4, si.transient_bytes);
+		printf("%5d %10s %10s %10s %10s %9.3g %6.3gx  %6d\n", s, b1, b2, b3, b4, si.inflight,
+		       si.safety_factor, si.n_layers);
+	}
+	printf("\nfloor: one micro-batch at load.max_factor with every layer maximal-saving; the\n"
+	       "runtime keeps it free for work that has not decided yet (docs/runtime.md).\n");
+	int32_t *reps = malloc(sizeof(int32_t) * 2 * (size_t)info.n_stages);
+	if (!reps) {
+		fprintf(stderr, "kilnc: error: out of memory\n");
+		return;
+	}
+	int32_t n = layer_kinds(rt, reps, 2 * info.n_stages);
+	for (int32_t k = 0; k < n; k++) {
+		kiln_rt_layer_info li;
+		kiln_rt_layer_get(rt, reps[k], &li);
+		printf("\nstage %d %s layers (%d, first %d): %d units\n", li.stage, li.moe ? "moe" : "dense",
+		       layers_of(rt, li.stage, li.moe), reps[k], li.n_units);
+		printf("  %-3s %-28s %-22s %14s %14s\n", "#", "unit", "flags", "base bytes",
+		       "bytes per row");
+		for (int32_t u = 0; u < li.n_units; u++) {
+			kiln_rt_unit_info ui;
+			char fl[64];
+			kiln_rt_unit_get(rt, reps[k], u, &ui);
+			unit_flags(ui.flags, fl, sizeof fl);
+			printf("  %-3d %-28s %-22s %14" PRIu64 " %14" PRIu64 "\n", u, ui.name, fl,
+			       ui.base_bytes, ui.per_row_bytes);
+		}
+		printf("  %-6s %6s %10s %11s %7s %12s %12s\n", "bucket", "load", "max rows", "keep",
+		       "points", "max saving", "at cost");
+		for (int32_t b = 0; b < info.n_buckets; b++) {
+			kiln_rt_table_info ti;
+			kiln_rt_point last;
+			kiln_rt_table_get(rt, reps[k], b, &ti);
+			kiln_rt_point_get(rt, reps[k], b, ti.n_points - 1, &last);
+			fmt_bytes(b2, sizeof b2, ti.keep_bytes);
+			fmt_bytes(b5, sizeof b5, last.saved_bytes);
+			printf("  %-6d %5.3gx %10" PRIu64 " %11s %7d %12s %9.3f ms\n", b, ti.load_factor,
+			       ti.max_rows, b2, ti.n_points, b5, last.exposed_us / 1000.0);
+		}
+	}
+	free(reps);
+	if (!templates)
+		return;
+	for (int32_t t = 0; t < kiln_rt_template_count(rt); t++) {
+		kiln_rt_template_info ti;
+		kiln_rt_template_get(rt, t, &ti);
+		printf("\ntemplate %d (plan %d, load %gx): %d tasks, %.1f us interleaved, %.1f us "
+		       "serial, %.1f us keep-everything\n",
+		       t, ti.plan, ti.load_factor, ti.n_tasks, ti.makespan_us, ti.serial_us, ti.base_us);
+		for (int32_t i = 0; i < ti.n_tasks; i++) {
+			kiln_rt_task task;
+			kiln_rt_template_task(rt, t, i, &task);
+			printf("  %3d  chain %d  %-8s %-9s %s\n", i, task.chain, stream_name(task.stream),
+			       kind_name(task.kind), task.name);
+		}
+	}
+}
+
+static kiln_json *inspect_json(const kiln_rt *rt, const char *path, const unsigned char *bytes,
+                               bool templates)
+{
+	kiln_rt_info info;
+	kiln_rt_info_get(rt, &info);
+	kiln_blob_header h;
+	memcpy(&h, bytes, sizeof h);
+	char hex[32];
+	kiln_json *doc = kiln_json_object();
+	kiln_json *blob = kiln_json_add_object(doc, "blob");
+	kiln_json_add_string(blob, "path", path);
+	kiln_json_add_number(blob, "major", info.major);
+	kiln_json_add_number(blob, "minor", info.minor);
+	kiln_json_add_number(blob, "bytes", (double)info.blob_bytes);
+	snprintf(hex, sizeof hex, "%08" PRIx32, h.crc32c);
+	kiln_json_add_string(blob, "crc32c", hex);
+	kiln_json *secs = kiln_json_add_array(blob, "sections");
+	for (uint32_t i = 0; i < h.n_sections; i++) {
+		kiln_blob_section s;
+		memcpy(&s, bytes + h.table_offset + i * sizeof s, sizeof s);
+		kiln_json *o = kiln_json_add_object(secs, NULL);
+		kiln_json_add_string(o, "name", section_name((int)s.id));
+		kiln_json_add_number(o, "offset", (double)s.offset);
+		kiln_json_add_number(o, "records", (double)s.count);
+		kiln_json_add_number(o, "bytes", (double)(s.count * s.record_bytes));
+	}
+	kiln_json *model = kiln_json_add_object(doc, "model");
+	kiln_json_add_string(model, "name", info.model);
+	snprintf(hex, sizeof hex, "%016" PRIx64, info.model_hash);
+	kiln_json_add_string(model, "hash", hex);
+	kiln_json_add_string(model, "compiler", info.compiler);
+	kiln_json_add_number(model, "layers", info.n_model_layers);
+	kiln_json_add_number(model, "max_factor", info.max_factor);
+	kiln_json_add_number(doc, "plans", kiln_rt_plan_count(rt));
+	kiln_json_add_number(doc, "templates", kiln_rt_template_count(rt));
+	kiln_json *stages = kiln_json_add_array(doc, "stages");
+	for (int32_t s = 0; s < info.n_stages; s++) {
+		kiln_rt_stage_info si;
+		kiln_rt_stage_get(rt, s, &si);
+		kiln_json *o = kiln_json_add_object(stages, NULL);
+		kiln_json_add_number(o, "stage", s);
+		kiln_json_add_number(o, "capacity_bytes", (double)si.capacity_bytes);
+		kiln_json_add_number(o, "static_bytes", (double)si.static_bytes);
+		kiln_json_add_number(o, "fixed_bytes", (double)si.fixed_bytes);
+		kiln_json_add_number(o, "budget_bytes", (double)si.budget_bytes);
+		kiln_json_add_number(o, "steady_bytes", (double)si.steady_bytes);
+		kiln_json_add_number(o, "floor_bytes", (double)si.floor_bytes);
+		kiln_json_add_number(o, "transient_bytes", (double)si.transient_bytes);
+		kiln_json_add_number(o, "inflight", si.inflight);
+		kiln_json_add_number(o, "safety_factor", si.safety_factor);
+		kiln_json *ls = kiln_json_add_array(o, "layers");
+		for (int32_t l = 0; l < info.n_model_layers; l++) {
+			kiln_rt_layer_info li;
+			if (kiln_rt_layer_get(rt, l, &li) == 0 && li.stage == s)
+				kiln_json_add_number(ls, NULL, l);
+		}
+	}
+	kiln_json *kinds = kiln_json_add_array(doc, "layer_kinds");
+	int32_t *reps = malloc(sizeof(int32_t) * 2 * (size_t)info.n_stages);
+	int32_t n = reps ? layer_kinds(rt, reps, 2 * info.n_stages) : 0;
+	if (!reps) {
+		kiln_json_free(doc);
+		return NULL; /* kiln_json_write(NULL) reports out of memory */
+	}
+	for (int32_t k = 0; k < n; k++) {
+		kiln_rt_layer_info li;
+		kiln_rt_layer_get(rt, reps[k], &li);
+		kiln_json *o = kiln_json_add_object(kinds, NULL);
+		kiln_json_add_number(o, "stage", li.stage);
+		kiln_json_add_string(o, "kind", li.moe ? "moe" : "dense");
+		kiln_json_add_number(o, "first_layer", reps[k]);
+		kiln_json_add_number(o, "balanced_rows", (double)li.balanced_rows);
+		kiln_json *us = kiln_json_add_array(o, "units");
+		for (int32_t u = 0; u < li.n_units; u++) {
+			kiln_rt_unit_info ui;
+			kiln_rt_unit_get(rt, reps[k], u, &ui);
+			kiln_json *uo = kiln_json_add_object(us, NULL);
+			kiln_json_add_string(uo, "name", ui.name);
+			kiln_json_add_number(uo, "flags", ui.flags);
+			kiln_json_add_number(uo, "base_bytes", (double)ui.base_bytes);
+			kiln_json_add_number(uo, "per_row_bytes", (double)ui.per_row_bytes);
+		}
+		kiln_json *ts = kiln_json_add_array(o, "tables");
+		for (int32_t b = 0; b < info.n_buckets; b++) {
+			kiln_rt_table_info ti;
+			kiln_rt_table_get(rt, reps[k], b, &ti);
+			kiln_json *to = kiln_json_add_object(ts, NULL);
+			kiln_json_add_number(to, "load_factor", ti.load_factor);
+			kiln_json_add_number(to, "max_rows", (double)ti.max_rows);
+			kiln_json_add_number(to, "quantum_bytes", (double)ti.quantum_bytes);
+			kiln_json_add_number(to, "keep_bytes", (double)ti.keep_bytes);
+			kiln_json *ps = kiln_json_add_array(to, "points");
+			for (int32_t i = 0; i < ti.n_points; i++) {
+				kiln_rt_point p;
+				kiln_rt_point_get(rt, reps[k], b, i, &p);
+				kiln_json *po = kiln_json_add_object(ps, NULL);
+				kiln_json_add_number(po, "saved_bytes", (double)p.saved_bytes);
+				kiln_json_add_number(po, "exposed_us", p.exposed_us);
+				kiln_json_add_number(po, "plan", p.plan);
+			}
+		}
+	}
+	free(reps);
+	if (templates) {
+		kiln_json *ps = kiln_json_add_array(doc, "plan_pool");
+		for (int32_t p = 0; p < kiln_rt_plan_count(rt); p++) {
+			const uint8_t *acts;
+			int32_t nu, tpl;
+			kiln_rt_plan_get(rt, p, &acts, &nu, &tpl);
+			kiln_json *po = kiln_json_add_object(ps, NULL);
+			kiln_json *as = kiln_json_add_array(po, "actions");
+			for (int32_t u = 0; u < nu; u++)
+				kiln_json_add_string(as, NULL, action_name(acts[u]));
+			kiln_json_add_number(po, "template", tpl);
+		}
+		kiln_json *tl = kiln_json_add_array(doc, "template_list");
+		for (int32_t t = 0; t < kiln_rt_template_count(rt); t++) {
+			kiln_rt_template_info ti;
+			kiln_rt_template_get(rt, t, &ti);
+			kiln_json *to = kiln_json_add_object(tl, NULL);
+			kiln_json_add_number(to, "plan", ti.plan);
+			kiln_json_add_number(to, "load_factor", ti.load_factor);
+			kiln_json_add_number(to, "makespan_us", ti.makespan_us);
+			kiln_json_add_number(to, "serial_us", ti.serial_us);
+			kiln_json_add_number(to, "base_us", ti.base_us);
+			kiln_json *tasks = kiln_json_add_array(to, "tasks");
+			for (int32_t i = 0; i < ti.n_tasks; i++) {
+				kiln_rt_task task;
+				kiln_rt_template_task(rt, t, i, &task);
+				kiln_json *xo = kiln_json_add_object(tasks, NULL);
+				kiln_json_add_string(xo, "name", task.name);
+				kiln_json_add_string(xo, "stream", stream_name(task.stream));
+				kiln_json_add_string(xo, "kind", kind_name(task.kind));
+				kiln_json_add_number(xo, "chain", task.chain);
+				kiln_json_add_number(xo, "unit", task.unit);
+			}
+			kiln_json *deps = kiln_json_add_array(to, "deps");
+			for (int32_t j = 0; j < ti.n_deps; j++) {
+				int32_t a, d;
+				kiln_rt_template_dep(rt, t, j, &a, &d);
+				kiln_json *pair = kiln_json_add_array(deps, NULL);
+				kiln_json_add_number(pair, NULL, a);
+				kiln_json_add_number(pair, NULL, d);
+			}
+		}
+	}
+	return doc;
+}
+
+int kilnc_inspect(int argc, char **argv)
+{
+	const char *path = NULL;
+	bool json = false, templates = false;
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
+			return kilnc_help_blob("inspect"), KILNC_EXIT_OK;
+		if (strcmp(a, "--json") == 0) {
+			json = true;
+		} else if (strcmp(a, "--templates") == 0) {
+			templates = true;
+		} else if (a[0] == '-' && a[1]) {
+			fprintf(stderr, "kilnc: error: unknown option '%s' for 'inspect'\n", a);
+			fprintf(stderr, "Try 'kilnc help inspect'.\n");
+			return KILNC_EXIT_USAGE;
+		} else if (!path) {
+			path = a;
+		} else {
+			fprintf(stderr, "kilnc: error: 'inspect' takes one PLAN, got '%s' and '%s'\n",
+			        path, a);
+			return KILNC_EXIT_USAGE;
+		}
+	}
+	if (!path) {
+		fprintf(stderr, "kilnc: error: 'inspect' needs a PLAN.kiln file\n");
+		fprintf(stderr, "Try 'kilnc help inspect'.\n");
+		return KILNC_EXIT_USAGE;
+	}
+	unsigned char *bytes;
+	size_t len;
+	kiln_rt *rt;
+	int rc = load_blob(path, &bytes, &len, &rt);
+	if (rc != KILNC_EXIT_OK)
+		return rc;
+	if (json) {
+		kiln_json *doc = inspect_json(rt, path, bytes, templates);
+		if (kiln_json_write(doc, stdout) != 0) {
+			fprintf(stderr, "kilnc: error: out of memory writing JSON\n");
+			rc = KILNC_EXIT_INPUT;
+		}
+		kiln_json_free(doc);
+	} else {
+		inspect_text(rt, path, bytes, templates);
+	}
+	kiln_rt_close(rt);
+	free(bytes);
+	return rc;
+}
+
+/* ---------------------------------------------------------------- select */
+
+/* Parses a non-negative integer with an optional binary suffix. */
+static int parse_bytes(const char *s, uint64_t *out)
+{
+	if (!s || !*s || *s == '-' || *s == '+')
+		return -1;
+	errno = 0;
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -1;
+	uint64_t mul = 1;
+	if (*end) {
+		static const struct {
+			const char *suffix;
+			int shift;
+		} sfx[] = {{"B", 0},    {"K", 10},   {"KB", 10}, {"KiB", 10}, {"M", 20},
+		           {"MB", 20},  {"MiB", 20}, {"G", 30},  {"GB", 30},  {"GiB", 30},
+		           {"T", 40},   {"TB", 40},  {"TiB", 40}};
+		size_t i = 0, n = sizeof sfx / sizeof sfx[0];
+		while (i < n && strcmp(end, sfx[i].suffix) != 0)
+			i++;
+		if (i == n)
+			return -1;
+		mul = (uint64_t)1 << sfx[i].shift;
+	}
+	if (mul > 1 && v > UINT64_MAX / mul)
+		return -1;
+	*out = (uint64_t)v * mul;
+	return 0;
+}
+
+/* A plain non-negative decimal integer. */
+static int parse_count(const char *s, uint64_t *out)
+{
+	if (!s || *s < '0' || *s > '9')
+		return -1;
+	errno = 0;
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || *end)
+		return -1;
+	*out = (uint64_t)v;
+	return 0;
+}
+
+static int parse_i32(const char *s, int32_t *out)
+{
+	if (!s || !*s)
+		return -1;
+	errno = 0;
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (errno || *end || v < INT32_MIN || v > INT32_MAX)
+		return -1;
+	*out = (int32_t)v;
+	return 0;
+}
+
+/* "a,b,c" into a malloc'd array of at most 1 << 20 counts. */
+static int parse_tokens(const char *s, uint32_t **out, int32_t *out_n)
+{
+	int32_t n = 1;
+	for (const char *p = s; *p; p++)
+		n += *p == ',';
+	if (n > (1 << 20))
+		return -1;
+	uint32_t *v = malloc(sizeof(uint32_t) * (size_t)n);
+	if (!v)
+		return -1;
+	const char *p = s;
+	for (int32_t i = 0; i < n; i++) {
+		char *end;
+		errno = 0;
+		if (*p < '0' || *p > '9') {
+			free(v);
+			return -1;
+		}
+		unsigned long x = strtoul(p, &end, 10);
+		if (errno || x > UINT32_MAX || (*end != ',' && *end != '\0')) {
+			free(v);
+			return -1;
+		}
+		v[i] = (uint32_t)x;
+		p = *end ? end + 1 : end;
+	}
+	*out = v;
+	*out_n = n;
+	return 0;
+}
+
+typedef struct select_args {
+	const char *path;
+	const char *stage, *layer, *tokens, *rows, *load, *free_arg, *pending;
+	bool json;
+} select_args;
+
+static int value_option(const char *name, int argc, char **argv, int *i, const char **out)
+{
+	const char *a = argv[*i];
+	size_t n = strlen(name);
+	if (strncmp(a, name, n) != 0 || (a[n] != '\0' && a[n] != '='))
+		return 0;
+	const char *v = a[n] == '=' ? a + n + 1 : *i + 1 < argc ? argv[++*i] : NULL;
+	if (!v || !*v) {
+		fprintf(stderr, "kilnc: error: %s needs a value\nTry 'kilnc help select'.\n", name);
+		return KILNC_EXIT_USAGE;
+	}
+	if (*out) {
+		fprintf(stderr, "kilnc: error: %s given twice\nTry 'kilnc help select'.\n", name);
+		return KILNC_EXIT_USAGE;
+	}
+	*out = v;
+	return 1;
+}
+
+static int bad(const char *what, const char *v)
+{
+	fprintf(stderr, "kilnc: error: %s '%s'\nTry 'kilnc help select'.\n", what, v);
+	return KILNC_EXIT_USAGE;
+}
+
+int kilnc_select(int argc, char **argv)
+{
+	select_args o = {0};
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		static const char *names[] = {"--stage", "--layer", "--tokens", "--rows",
+		                              "--load-factor", "--free", "--pending"};
+		const char **slots[] = {&o.stage, &o.layer, &o.tokens, &o.rows,
+		                        &o.load, &o.free_arg, &o.pending};
+		int m = 0;
+		for (int k = 0; k < 7 && m == 0; k++)
+			m = value_option(names[k], argc, argv, &i, slots[k]);
+		if (m == KILNC_EXIT_USAGE)
+			return m;
+		if (m)
+			continue;
+		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
+			return kilnc_help_blob("select"), KILNC_EXIT_OK;
+		if (strcmp(a, "--json") == 0) {
+			o.json = true;
+		} else if (a[0] == '-' && a[1]) {
+			fprintf(stderr, "kilnc: error: unknown option '%s' for 'select'\n", a);
+			fprintf(stderr, "Try 'kilnc help select'.\n");
+			return KILNC_EXIT_USAGE;
+		} else if (!o.path) {
+			o.path = a;
+		} else {
+			fprintf(stderr, "kilnc: error: 'select' takes one PLAN, got '%s' and '%s'\n",
+			        o.path, a);
+			return KILNC_EXIT_USAGE;
+		}
+	}
+	if (!o.path || !o.stage || !o.layer || !o.free_arg ||
+	    (!!o.tokens + !!o.rows + !!o.load) != 1) {
+		fprintf(stderr, "kilnc: error: 'select' needs PLAN.kiln, --stage, --layer, --free and "
+		                "exactly one of --tokens, --rows, --load-factor\n");
+		fprintf(stderr, "Try 'kilnc help select'.\n");
+		return KILNC_EXIT_USAGE;
+	}
+	kiln_query q = {0};
+	uint64_t pending = 0;
+	double load = 0;
+	if (parse_i32(o.stage, &q.stage) != 0)
+		return bad("--stage: not a stage number:", o.stage);
+	if (parse_i32(o.layer, &q.layer) != 0)
+		return bad("--layer: not a layer number:", o.layer);
+	if (parse_bytes(o.free_arg, &q.free_bytes) != 0 || q.free_bytes == KILN_RT_FREE_FROM_ACCOUNTING)
+		return bad("--free: not a byte count (e.g. 12G, 3500MiB, 1073741824):", o.free_arg);
+	if (o.pending && (parse_count(o.pending, &pending) != 0 || pending > 1000000))
+		return bad("--pending: not a micro-batch count:", o.pending);
+	q.pending = (uint32_t)pending;
+	if (o.rows && parse_count(o.rows, &q.total_rows) != 0)
+		return bad("--rows: not a row count:", o.rows);
+	if (o.load) {
+		char *end;
+		errno = 0;
+		load = strtod(o.load, &end);
+		if (errno || *end || !(load >= 0 && load <= 1e6))
+			return bad("--load-factor: not a load factor (0 to 1e6):", o.load);
+	}
+	uint32_t *tokens = NULL;
+	if (o.tokens && parse_tokens(o.tokens, &tokens, &q.n_tokens) != 0)
+		return bad("--tokens: not a list of row counts (A,B,...):", o.tokens);
+	q.tokens = tokens;
+
+	unsigned char *bytes;
+	size_t len;
+	kiln_rt *rt;
+	int rc = load_blob(o.path, &bytes, &len, &rt);
+	if (rc != KILNC_EXIT_OK) {
+		free(tokens);
+		return rc;
+	}
+	kiln_rt_layer_info li;
+	kiln_rt_info info;
+	kiln_rt_info_get(rt, &info);
+	kiln_plan plan;
+	if (kiln_rt_layer_get(rt, q.layer, &li) != 0 || li.stage != q.stage) {
+		if (q.stage < 0 || q.stage >= info.n_stages)
+			fprintf(stderr, "kilnc: error: --stage %d: the plan has stages 0 to %d\n", q.stage,
+			        info.n_stages - 1);
+		else if (kiln_rt_layer_get(rt, q.layer, &li) != 0)
+			fprintf(stderr, "kilnc: error: --layer %d: not a planned layer of %s (0 to %d)\n",
+			        q.layer, info.model, info.n_model_layers - 1);
+		else
+			fprintf(stderr, "kilnc: error: --layer %d runs on stage %d, not %d\n", q.layer,
+			        li.stage, q.stage);
+		rc = KILNC_EXIT_USAGE;
+		goto out;
+	}
+	if (o.load)
+		q.total_rows = (uint64_t)ceil(load * (double)li.balanced_rows - 1e-9);
+	int src = kiln_rt_select(rt, &q, &plan);
+	if (src != KILN_RT_OK) {
+		fprintf(stderr, "kilnc: error: select: %s\n", kiln_rt_strerror(src));
+		rc = KILNC_EXIT_USAGE;
+		goto out;
+	}
+	uint64_t rows = q.total_rows;
+	if (tokens) {
+		rows = 0;
+		for (int32_t i = 0; i < q.n_tokens; i++)
+			rows += tokens[i];
+	}
+	kiln_rt_table_info ti;
+	kiln_rt_table_get(rt, q.layer, plan.bucket, &ti);
+	if (o.json) {
+		kiln_json *doc = kiln_json_object();
+		kiln_json_add_number(doc, "stage", q.stage);
+		kiln_json_add_number(doc, "layer", q.layer);
+		kiln_json_add_string(doc, "kind", li.moe ? "moe" : "dense");
+		kiln_json_add_number(doc, "rows", (double)rows);
+		kiln_json_add_number(doc, "load_factor", plan.load_factor);
+		kiln_json_add_number(doc, "bucket", plan.bucket);
+		kiln_json_add_number(doc, "bucket_load_factor", ti.load_factor);
+		kiln_json_add_number(doc, "free_bytes", (double)q.free_bytes);
+		kiln_json_add_number(doc, "avail_bytes", (double)plan.avail_bytes);
+		kiln_json_add_number(doc, "need_bytes", (double)plan.need_bytes);
+		kiln_json_add_number(doc, "saved_bytes", (double)plan.saved_bytes);
+		kiln_json_add_number(doc, "resident_bytes", (double)plan.resident_bytes);
+		kiln_json_add_number(doc, "exposed_us", plan.exposed_us);
+		kiln_json_add_number(doc, "plan", plan.plan);
+		kiln_json_add_number(doc, "template", plan.template_id);
+		kiln_json_add_bool(doc, "over_budget", plan.flags & KILN_PLAN_OVER_BUDGET);
+		kiln_json_add_bool(doc, "load_beyond", plan.flags & KILN_PLAN_LOAD_BEYOND);
+		kiln_json *us = kiln_json_add_array(doc, "units");
+		for (int32_t u = 0; u < plan.n_units; u++) {
+			kiln_rt_unit_info ui;
+			kiln_rt_unit_get(rt, q.layer, u, &ui);
+			kiln_json *uo = kiln_json_add_object(us, NULL);
+			kiln_json_add_string(uo, "name", ui.name);
+			kiln_json_add_string(uo, "action", action_name(plan.actions[u]));
+			kiln_json_add_number(uo, "bytes", (double)kiln_rt_unit_bytes(rt, q.layer, u, rows));
+		}
+		if (kiln_json_write(doc, stdout) != 0) {
+			fprintf(stderr, "kilnc: error: out of memory writing JSON\n");
+			rc = KILNC_EXIT_INPUT;
+		}
+		kiln_json_free(doc);
+	} else {
+		char b1[32], b2[32], b3[32], b4[32];
+		printf("stage %d, layer %d (%s, position %d): %" PRIu64 " rows", q.stage, q.layer,
+		       li.moe ? "moe" : "dense", li.position, rows);
+		if (li.moe)
+			printf(" = load factor %.3f -> bucket %d (up to %gx)\n", plan.load_factor,
+			       plan.bucket, ti.load_factor);
+		else
+			printf(" (dense: one table)\n");
+		fmt_bytes(b1, sizeof b1, q.free_bytes);
+		fmt_bytes(b2, sizeof b2, plan.avail_bytes);
+		fmt_bytes(b3, sizeof b3, ti.keep_bytes);
+		fmt_bytes(b4, sizeof b4, plan.need_bytes);
+		printf("free %s, available after the reserve for later work %s; keeping everything "
+		       "takes %s, so save %s\n",
+		       b1, b2, b3, b4);
+		fmt_bytes(b1, sizeof b1, plan.saved_bytes);
+		fmt_bytes(b2, sizeof b2, plan.resident_bytes);
+		printf("plan %d (template %d): saves %s, keeps %s, exposed %.3f ms%s%s\n", plan.plan,
+		       plan.template_id, b1, b2, plan.exposed_us / 1000.0,
+		       plan.flags & KILN_PLAN_OVER_BUDGET ? " [over budget: nothing fits, best effort]"
+		                                          : "",
+		       plan.flags & KILN_PLAN_LOAD_BEYOND ? " [load beyond load.max_factor]" : "");
+		printf("\n  %-3s %-28s %-10s %14s\n", "#", "unit", "action", "bytes");
+		for (int32_t u = 0; u < plan.n_units; u++) {
+			kiln_rt_unit_info ui;
+			kiln_rt_unit_get(rt, q.layer, u, &ui);
+			printf("  %-3d %-28s %-10s %14" PRIu64 "\n", u, ui.name, action_name(plan.actions[u]),
+			       kiln_rt_unit_bytes(rt, q.layer, u, rows));
+		}
+	}
+out:
+	kiln_rt_close(rt);
+	free(bytes);
+	free(tokens);
+	return rc;
+}

@@ -1,0 +1,15 @@
+/* tools/tools.h: what kilnc's files share. */
+#ifndef KILN_TOOLS_H
+#define KILN_TOOLS_H
+
+/* Exit status (docs/cli.md). */
+enum { KILNC_EXIT_OK = 0, KILNC_EXIT_INPUT = 1, KILNC_EXIT_USAGE = 2, KILNC_EXIT_INFEASIBLE = 3 };
+
+/* blobcmd.c: `kilnc inspect` and `kilnc select` (arguments after the command
+ * name); each returns the exit status. */
+int kilnc_inspect(int argc, char **argv);
+int kilnc_select(int argc, char **argv);
+/* Prints the help of "inspect" or "select"; -1 for another name. */
+int kilnc_help_blob(const char *cmd);
+
+#endif
