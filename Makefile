@@ -1,14 +1,18 @@
 # Thin wrapper over CMake: the two commands people expect.
 #   make run    install what is missing, build, report on and compile a shipped model
-#   make test   install what is missing, build twice (plain and ASan+UBSan), run every test
+#   make test   install what is missing, build twice (plain and ASan+UBSan), run every test,
+#               then fuzz each fuzz target briefly (make fuzz)
 
 BUILD      ?= build
 BUILD_SAN  ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL      ?= examples/models/deepseek-v3-671b.yaml
 CMAKE_ARGS ?=
+BUILD_FUZZ   ?= build-fuzz
+FUZZ_CC      ?= clang-14
+FUZZ_SECONDS ?= 30
 
-.PHONY: all deps build build-asan run test test-plain test-asan bench clean
+.PHONY: all deps build build-asan build-fuzz run test test-plain test-asan fuzz bench clean
 
 all: build
 
@@ -23,28 +27,52 @@ build-asan: deps
 	cmake -S . -B $(BUILD_SAN) -DKILN_WERROR=ON -DKILN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug $(CMAKE_ARGS) >/dev/null
 	cmake --build $(BUILD_SAN) -j $(JOBS)
 
+# The fuzz targets are a CMake configuration of their own (fuzz/CMakeLists.txt):
+# clang with libFuzzer, ASan and UBSan, and only the sources they need.
+build-fuzz: deps
+	cmake -S fuzz -B $(BUILD_FUZZ) -DCMAKE_C_COMPILER=$(FUZZ_CC) >/dev/null
+	cmake --build $(BUILD_FUZZ) -j $(JOBS)
+
 run: build
 	./$(BUILD)/kilnc check $(MODEL)
 	./$(BUILD)/kilnc report $(MODEL)
 	./$(BUILD)/kilnc compile $(MODEL) --emit-svg $(BUILD)/schedule.svg --emit-trace $(BUILD)/trace.json
 	@echo "schedule: $(BUILD)/schedule.svg (any SVG viewer), $(BUILD)/trace.json (ui.perfetto.dev)"
 
-test: test-plain test-asan
+test: test-plain test-asan fuzz
 
 test-plain: build
 	@echo "== tests (plain build)"
 	./$(BUILD)/kiln_tests --jobs $(JOBS)
 
+# Criterion counts a test that passes its assertions as passing even when a
+# sanitizer reported in its process (a leak found at exit, say), so the run's
+# output is also searched for sanitizer reports.
 test-asan: build-asan
 	@echo "== tests (ASan + UBSan build)"
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
+	@( ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-		./$(BUILD_SAN)/kiln_tests --jobs $(JOBS)
+		./$(BUILD_SAN)/kiln_tests --jobs $(JOBS); echo $$? > $(BUILD_SAN)/tests.status ) 2>&1 \
+		| tee $(BUILD_SAN)/tests.log
+	@test "$$(cat $(BUILD_SAN)/tests.status)" = 0
+	@if grep -E 'ERROR: (Leak|Address)Sanitizer|runtime error:' $(BUILD_SAN)/tests.log; then \
+		echo "sanitizer reports above (full log: $(BUILD_SAN)/tests.log)"; exit 1; fi
+
+# FUZZ_SECONDS per target; docs/fuzzing.md. The blob seeds are compiled here by
+# the plain build's kilnc, so they always match the current format.
+fuzz: build build-fuzz
+	@echo "== fuzzing ($(FUZZ_SECONDS) s per target)"
+	@rm -rf $(BUILD_FUZZ)/seeds && mkdir -p $(BUILD_FUZZ)/seeds/blob
+	./$(BUILD)/kilnc compile examples/models/tiny.yaml -o $(BUILD_FUZZ)/seeds/blob/tiny.kiln >/dev/null
+	./$(BUILD)/kilnc compile examples/models/llama3-8b-dense.yaml -o $(BUILD_FUZZ)/seeds/blob/llama3-8b-dense.kiln >/dev/null
+	sh fuzz/run.sh $(BUILD_FUZZ) fuzz_blob $(FUZZ_SECONDS) $(BUILD_FUZZ)/seeds/blob fuzz/corpus/blob
+	sh fuzz/run.sh $(BUILD_FUZZ) fuzz_yaml $(FUZZ_SECONDS) fuzz/corpus/yaml
 
 bench: build
 	./$(BUILD)/bench_report
 	./$(BUILD)/bench_schedule
+	./$(BUILD)/bench_select
 	./$(BUILD)/bench_compile
 
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN)
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ)

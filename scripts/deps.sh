@@ -3,8 +3,14 @@
 # apt-get; as anyone else it prints the exact command to run and fails.
 set -eu
 
+# clang-14 builds the fuzz targets (make fuzz); libclang-rt-14-dev holds its
+# libFuzzer and sanitizer runtimes, only a recommendation of clang-14.
+# libamdhip64-5 is HIP's runtime library alone (no hipcc, no headers): the
+# runtime's HIP copy backend loads it with dlopen, and tests/test_copy.c
+# checks that every symbol the backend needs resolves in it.
 PACKAGES="build-essential cmake pkg-config libyaml-dev libcjson-dev libglpk-dev \
-libcriterion-dev libmlir-16-dev mlir-16-tools libxml2-utils"
+libcriterion-dev libmlir-16-dev mlir-16-tools libxml2-utils \
+clang-14 libclang-rt-14-dev libamdhip64-5"
 
 missing=""
 for p in $PACKAGES; do
