@@ -30,6 +30,9 @@ uint32_t kiln_rti_crc32c_portable(uint32_t crc, const void *data, size_t len);
 
 /* open.c, select.c, acct.c */
 
+#define KILN_RTI_BUCKET_SLOTS 256
+#define KILN_RTI_POINT_SLOTS 64
+
 /* Micro-batches accounting tells apart (mb modulo this). */
 #define KILN_RTI_MB_SLOTS 256
 
@@ -73,6 +76,17 @@ struct kiln_rt {
 	int32_t *layer_index; /* per model layer: LAYERS index, or -1 */
 	int32_t *unit_class;  /* per set: the first set with the same units (one block with
 	                         layer_index) */
+	/* Lookup tables that turn select's two searches into an index and a
+	 * short forward scan (built by open, in their own block):
+	 *   bucket_lut[set * (KILN_RTI_BUCKET_SLOTS + 1) + j]: the first bucket
+	 *     of the set whose max_rows >= j * (last max_rows + 1) / SLOTS;
+	 *   point_lut[table * (KILN_RTI_POINT_SLOTS + 1) + j]: the first point
+	 *     of the table whose saved_q >= j * (last saved_q + 1) / SLOTS;
+	 *   bucket_scale[set], point_scale[table]: SLOTS / (last + 1). */
+	uint16_t *bucket_lut;
+	uint16_t *point_lut;
+	double *bucket_scale;
+	double *point_scale;
 	kiln_rti_acct *acct;
 };
 

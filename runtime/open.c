@@ -311,7 +311,7 @@ static int check_tables(const kiln_rt *rt)
 			    (b > 0 && bk->max_rows < bk[-1].max_rows) || (s->kind == 0 && bk->max_rows))
 				return KILN_RT_ECORRUPT;
 			const kiln_blob_table *t = &rt->tables[k * nb + b];
-			if (t->quantum_bytes == 0 || t->n_points == 0 ||
+			if (t->quantum_bytes == 0 || t->n_points == 0 || t->n_points > UINT16_MAX ||
 			    !range_ok(t->first_point, t->n_points, rt->count[KILN_SEC_POINTS]))
 				return KILN_RT_ECORRUPT;
 			uint64_t max_q = t->keep_bytes / t->quantum_bytes;
@@ -325,6 +325,71 @@ static int check_tables(const kiln_rt *rt)
 					return KILN_RT_ECORRUPT;
 			}
 		}
+	}
+	return 0;
+}
+
+/* select's lookup tables (internal.h). Entry j of a table over values
+ * v[0..n) (ascending) is the first index whose value reaches
+ * j * (v[n-1] + 1) / slots; select starts one entry below its computed slot
+ * (so floating-point rounding can only start it early) and scans forward. */
+static void build_lut(const void *base, size_t stride, size_t off, int wide, uint32_t n,
+                      uint32_t slots, uint16_t *lut, double *scale)
+{
+	const unsigned char *p = base;
+	uint64_t last;
+	if (wide)
+		memcpy(&last, p + (size_t)(n - 1) * stride + off, 8);
+	else {
+		uint32_t v;
+		memcpy(&v, p + (size_t)(n - 1) * stride + off, 4);
+		last = v;
+	}
+	long double span = (long double)last + 1;
+	*scale = (double)((long double)slots / span);
+	uint32_t i = 0;
+	for (uint32_t j = 0; j <= slots; j++) {
+		uint64_t low = (uint64_t)((long double)j * span / slots);
+		for (;;) {
+			uint64_t v;
+			if (wide) {
+				memcpy(&v, p + (size_t)i * stride + off, 8);
+			} else {
+				uint32_t w;
+				memcpy(&w, p + (size_t)i * stride + off, 4);
+				v = w;
+			}
+			if (v >= low || i == n - 1)
+				break;
+			i++;
+		}
+		lut[j] = (uint16_t)i;
+	}
+}
+
+static int build_luts(kiln_rt *rt)
+{
+	uint64_t n_sets = rt->count[KILN_SEC_SETS], n_tables = rt->count[KILN_SEC_TABLES];
+	uint32_t nb = rt->meta->n_buckets;
+	size_t bytes = sizeof(double) * (size_t)(n_sets + n_tables) +
+	               sizeof(uint16_t) * ((size_t)n_sets * (KILN_RTI_BUCKET_SLOTS + 1) +
+	                                   (size_t)n_tables * (KILN_RTI_POINT_SLOTS + 1));
+	double *block = kiln_rti_alloc(bytes);
+	if (!block)
+		return KILN_RT_ENOMEM;
+	rt->bucket_scale = block;
+	rt->point_scale = block + n_sets;
+	rt->bucket_lut = (uint16_t *)(block + n_sets + n_tables);
+	rt->point_lut = rt->bucket_lut + n_sets * (KILN_RTI_BUCKET_SLOTS + 1);
+	for (uint64_t k = 0; k < n_sets; k++)
+		build_lut(&rt->buckets[k * nb], sizeof(kiln_blob_bucket),
+		          offsetof(kiln_blob_bucket, max_rows), 1, nb, KILN_RTI_BUCKET_SLOTS,
+		          rt->bucket_lut + k * (KILN_RTI_BUCKET_SLOTS + 1), &rt->bucket_scale[k]);
+	for (uint64_t t = 0; t < n_tables; t++) {
+		const kiln_blob_table *tb = &rt->tables[t];
+		build_lut(&rt->points[tb->first_point], sizeof(kiln_blob_point),
+		          offsetof(kiln_blob_point, saved_q), 0, tb->n_points, KILN_RTI_POINT_SLOTS,
+		          rt->point_lut + t * (KILN_RTI_POINT_SLOTS + 1), &rt->point_scale[t]);
 	}
 	return 0;
 }
@@ -364,7 +429,8 @@ int kiln_rt_open(const void *blob, size_t size, kiln_rt **out)
 		goto fail;
 	classify_sets(rt);
 	if ((rc = check_stages_layers(rt)) != 0 ||
-	    (rc = check_plans_templates(rt)) != 0 || (rc = check_tables(rt)) != 0)
+	    (rc = check_plans_templates(rt)) != 0 || (rc = check_tables(rt)) != 0 ||
+	    (rc = build_luts(rt)) != 0)
 		goto fail;
 	atomic_init(&rt->acct->stage, -1);
 	atomic_init(&rt->acct->limit_bytes, 0);
@@ -379,6 +445,7 @@ int kiln_rt_open(const void *blob, size_t size, kiln_rt **out)
 	*out = rt;
 	return 0;
 fail:
+	kiln_rti_free(rt->bucket_scale);
 	kiln_rti_free(rt->layer_index);
 	kiln_rti_free(rt->acct);
 	kiln_rti_free(rt);
@@ -425,6 +492,7 @@ void kiln_rt_close(kiln_rt *rt)
 		return;
 	if (rt->map)
 		munmap(rt->map, rt->map_bytes);
+	kiln_rti_free(rt->bucket_scale);
 	kiln_rti_free(rt->layer_index);
 	kiln_rti_free(rt->acct);
 	kiln_rti_free(rt);

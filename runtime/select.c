@@ -52,18 +52,17 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	double lf = 0;
 	if (S->balanced_rows) {
 		lf = (double)rows / (double)S->balanced_rows;
-		/* Branch-free lower bound: the searches' branches would be
-		 * unpredictable, and mispredictions are most of select's cost. */
-		uint32_t lo = 0, n = nb;
-		while (n > 1) {
-			uint32_t half = n / 2;
-			lo = bk[lo + half - 1].max_rows < rows ? lo + half : lo;
-			n -= half;
-		}
-		b = lo + (bk[lo].max_rows < rows);
-		if (b == nb) {
+		if (rows > bk[nb - 1].max_rows) {
 			b = nb - 1;
 			flags |= KILN_PLAN_LOAD_BEYOND;
+		} else {
+			/* An index into the set's lookup table, one entry early,
+			 * then a short scan (open.c, build_lut). */
+			uint32_t j = (uint32_t)((double)rows * rt->bucket_scale[L->set]);
+			j = j > KILN_RTI_BUCKET_SLOTS ? KILN_RTI_BUCKET_SLOTS : j;
+			b = rt->bucket_lut[(size_t)L->set * (KILN_RTI_BUCKET_SLOTS + 1) + (j ? j - 1 : 0)];
+			while (bk[b].max_rows < rows)
+				b++;
 		}
 	}
 
@@ -97,7 +96,10 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	 * all they need to be safe. */
 	uint64_t base = sat_add(L->tail_floor_bytes, st->transient_bytes);
 	uint64_t roomy = st->steady_bytes > st->floor_bytes ? st->steady_bytes : st->floor_bytes;
-	const kiln_blob_table *t = &rt->tables[(size_t)L->set * nb + b];
+	size_t ti = (size_t)L->set * nb + b;
+	const kiln_blob_table *t = &rt->tables[ti];
+	const uint16_t *plut = rt->point_lut + ti * (KILN_RTI_POINT_SLOTS + 1);
+	uint32_t last_q = rt->points[t->first_point + t->n_points - 1].saved_q;
 	const kiln_blob_point *pts = &rt->points[t->first_point];
 	uint64_t avail = 0, need = 0;
 	uint32_t lo = 0;
@@ -108,16 +110,17 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 		 * that saves that much is the cheapest (points ascend in both). */
 		need = t->keep_bytes > avail ? t->keep_bytes - avail : 0;
 		uint64_t need_q = need / t->quantum_bytes + (need % t->quantum_bytes != 0);
-		uint32_t n = t->n_points;
-		lo = 0;
-		while (n > 1) {
-			uint32_t half = n / 2;
-			lo = pts[lo + half - 1].saved_q < need_q ? lo + half : lo;
-			n -= half;
+		if (need_q > last_q) {
+			lo = t->n_points;
+			continue;
 		}
-		lo += pts[lo].saved_q < need_q;
-		if (lo < t->n_points)
-			break;
+		/* The table's lookup entry one below the slot, then a scan. */
+		uint32_t j = (uint32_t)((double)need_q * rt->point_scale[ti]);
+		j = j > KILN_RTI_POINT_SLOTS ? KILN_RTI_POINT_SLOTS : j;
+		lo = plut[j ? j - 1 : 0];
+		while (pts[lo].saved_q < need_q)
+			lo++;
+		break;
 	}
 	if (lo == t->n_points) {
 		lo = t->n_points - 1;

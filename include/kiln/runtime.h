@@ -214,7 +214,7 @@ typedef struct kiln_plan {
  * pending ones are reserved only their floor (docs/runtime.md). With
  * KILN_PLAN_LOAD_BEYOND the figures are the last bucket's and the real bytes
  * may exceed them. Never allocates, never blocks; safe from many threads on
- * one handle; O(n_tokens + log buckets + log points). */
+ * one handle; O(n_tokens) plus two table lookups with short scans. */
 int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out);
 
 /* ---------------------------------------------------------------- templates */
