@@ -1,0 +1,1071 @@
+/* sim/loads.c: load profiles. Per (iteration, micro-batch, MoE layer, EP
+ * group) the load factor of every EP rank, synthetic or replayed from a CSV
+ * trace. docs/simulator.md ("Load profiles") is the contract; the constants
+ * below are the numbers it quotes.
+ *
+ * Every random draw is a counter-based hash (SplitMix64's finaliser chained
+ * over the seed, a tag naming the draw and its indices), so a sample depends
+ * only on its own coordinates, never on what was drawn before.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sim/sim.h"
+
+/* paper: 29 spike iterations in every block of 1000 (97.1% calm). */
+#define PAPER_BLOCK 1000
+#define PAPER_SPIKES_PER_BLOCK 29
+/* Calm samples: per-rank relative noise of standard deviation 0.04, bounded
+ * (Irwin-Hall of four uniforms, |z| < 2 sqrt 3), renormalised to mean 1 and
+ * capped at 1.19 so a calm iteration stays below 1.2 job-wide. */
+#define PAPER_CALM_SIGMA 0.04
+#define PAPER_CALM_CAP 1.19
+/* Spikes: the iteration's peak factor is 1.2 + 1.4 u^2 (u uniform in (0,1)),
+ * so it lies in (1.2, 2.6) and small spikes are more common than big ones. */
+#define PAPER_SPIKE_LOW 1.2
+#define PAPER_SPIKE_HIGH 2.6
+
+#define HOT_EXPERT_FACTOR 2.0
+#define HOT_RANK_FACTOR 1.8
+#define BURST_PERIOD 50
+#define BURST_LENGTH 3
+#define BURST_OF_MAX 0.95
+
+/* zipf: j^-alpha is tabulated at parse time for j up to this many experts. */
+#define ZIPF_TABLE 4096
+
+#define TRACE_MAX_BYTES ((int64_t)256 << 20)
+#define TRACE_MAX_ROWS 10000000
+#define TRACE_MAX_ERRORS 20
+
+/* ---------------------------------------------------------------- hashing */
+
+enum {
+	TAG_SPIKE_ORDER = 1,
+	TAG_SPIKE,
+	TAG_CALM,
+	TAG_SPIKE_RANK,
+	TAG_SPIKE_LAYER,
+	TAG_HOT_EXPERT,
+	TAG_HOT_RANK,
+	TAG_ROTATING,
+	TAG_BURST_OFFSET,
+	TAG_BURST_RANK,
+	TAG_ZIPF
+};
+
+static uint64_t mix64(uint64_t z)
+{
+	z += 0x9e3779b97f4a7c15ull;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* The hash of a draw's coordinates: tag names what is drawn, the rest are
+ * its indices (0 where an index does not apply). */
+static uint64_t coords(uint64_t seed, uint64_t tag, int64_t iteration, int64_t microbatch,
+                       int64_t layer, int64_t group)
+{
+	uint64_t h = mix64(seed);
+	h = mix64(h ^ tag);
+	h = mix64(h ^ (uint64_t)iteration);
+	h = mix64(h ^ (uint64_t)microbatch);
+	h = mix64(h ^ (uint64_t)layer);
+	return mix64(h ^ (uint64_t)group);
+}
+
+/* Draw number index at coordinates c. */
+static uint64_t nth(uint64_t c, int64_t index)
+{
+	return mix64(c ^ (uint64_t)index);
+}
+
+static uint64_t draw(uint64_t seed, uint64_t tag, int64_t iteration, int64_t microbatch,
+                     int64_t layer, int64_t group, int64_t index)
+{
+	return nth(coords(seed, tag, iteration, microbatch, layer, group), index);
+}
+
+/* Uniform in the open interval (0, 1). */
+static double unit_open(uint64_t h)
+{
+	return ((double)(h >> 11) + 0.5) * 0x1p-53;
+}
+
+static uint64_t umod(int64_t a, uint64_t m)
+{
+	int64_t r = a % (int64_t)m;
+	return (uint64_t)(r < 0 ? r + (int64_t)m : r);
+}
+
+/* A keyed pseudorandom permutation of [0, n): a four-round Feistel network
+ * on 2 * half_bits bits, cycle-walked into range. */
+static int half_bits_for(uint64_t n)
+{
+	int bits = 0;
+	while (bits < 62 && ((uint64_t)1 << bits) < n)
+		bits++;
+	return (bits + 1) / 2;
+}
+
+static uint64_t permute(uint64_t x, uint64_t n, int half, uint64_t key)
+{
+	if (n <= 1)
+		return 0;
+	uint64_t mask = ((uint64_t)1 << half) - 1;
+	do {
+		uint64_t l = x >> half, r = x & mask;
+		for (uint64_t round = 0; round < 4; round++) {
+			uint64_t f = mix64(key ^ (r + (round << 40))) & mask;
+			uint64_t t = l ^ f;
+			l = r;
+			r = t;
+		}
+		x = (l << half) | r;
+	} while (x >= n);
+	return x;
+}
+
+/* ---------------------------------------------------------------- shaping */
+
+/* Scales f[0..n) so that it sums to n (mean 1). */
+static void normalise(double *f, int32_t n)
+{
+	double sum = 0;
+	for (int32_t r = 0; r < n; r++)
+		sum += f[r];
+	for (int32_t r = 0; r < n; r++)
+		f[r] = f[r] * (double)n / sum;
+}
+
+/* Caps f (mean 1, cap >= 1) at cap and hands the excess to the ranks below
+ * the cap in proportion to their headroom, which keeps the sum and never
+ * lifts a rank over the cap: the headroom is n (cap - 1) + excess >= excess. */
+static void cap_mean_one(double *f, int32_t n, double cap)
+{
+	double excess = 0, headroom = 0;
+	for (int32_t r = 0; r < n; r++) {
+		if (f[r] > cap)
+			excess += f[r] - cap;
+		else
+			headroom += cap - f[r];
+	}
+	if (excess <= 0)
+		return;
+	double share = headroom > 0 ? excess / headroom : 0;
+	if (share > 1)
+		share = 1;
+	for (int32_t r = 0; r < n; r++) {
+		if (f[r] >= cap) {
+			f[r] = cap;
+		} else {
+			double v = f[r] + (cap - f[r]) * share;
+			f[r] = v < cap ? v : cap;
+		}
+	}
+}
+
+/* Rank hot at factor hot (clamped to [0, n]); the others share the rest of
+ * the rows evenly. */
+static void set_hot(double *f, int32_t n, int32_t hot, double factor)
+{
+	if (factor > n)
+		factor = n;
+	if (factor < 0)
+		factor = 0;
+	double rest = ((double)n - factor) / (double)(n - 1);
+	for (int32_t r = 0; r < n; r++)
+		f[r] = r == hot ? factor : rest;
+}
+
+static double min3(double a, double b, double c)
+{
+	double m = a < b ? a : b;
+	return m < c ? m : c;
+}
+
+/* ---------------------------------------------------------------- paper */
+
+/* Whether iteration it is one of its block's 29 spike iterations: position
+ * it mod 1000 is permuted by a seed- and block-keyed permutation of
+ * [0, 1000) and spikes when it lands below 29, so every whole block of
+ * 1000 iterations has exactly 29 spikes, at positions that look random. */
+static int paper_spike_iteration(uint64_t seed, int64_t it)
+{
+	uint64_t u = (uint64_t)it;
+	uint64_t key = draw(seed, TAG_SPIKE_ORDER, (int64_t)(u / PAPER_BLOCK), 0, 0, 0, 0);
+	uint64_t pos = permute(u % PAPER_BLOCK, PAPER_BLOCK, half_bits_for(PAPER_BLOCK), key);
+	return pos < PAPER_SPIKES_PER_BLOCK;
+}
+
+/* Calm factors: bounded noise around 1, mean 1, at most cap. */
+static void paper_calm(double *f, int32_t ep, uint64_t seed, int64_t it, int32_t mb, int32_t layer,
+                       int32_t group, double cap)
+{
+	uint64_t c = coords(seed, TAG_CALM, it, mb, layer, group);
+	for (int32_t r = 0; r < ep; r++) {
+		uint64_t h = nth(c, r);
+		double sum = 0;
+		for (int i = 0; i < 4; i++)
+			sum += ((double)((h >> (16 * i)) & 0xffff) + 0.5) / 65536.0;
+		double z = (sum - 2.0) * sqrt(3.0); /* mean 0, variance 1 */
+		f[r] = 1.0 + PAPER_CALM_SIGMA * z;
+	}
+	normalise(f, ep);
+	cap_mean_one(f, ep, cap);
+}
+
+static void sample_paper(const kiln_load_profile *p, const kiln_load_shape *s, uint64_t seed,
+                         int64_t it, int32_t mb, int32_t layer, int32_t group, double *f)
+{
+	int32_t ep = s->ep;
+	double calm_cap = p->max_factor < PAPER_CALM_CAP ? p->max_factor : PAPER_CALM_CAP;
+	paper_calm(f, ep, seed, it, mb, layer, group, calm_cap);
+	if (!paper_spike_iteration(seed, it))
+		return;
+	int32_t mbs = s->microbatches > 0 ? s->microbatches : 1;
+	int32_t layers = s->layers > 0 ? s->layers : 1;
+	double u = unit_open(draw(seed, TAG_SPIKE, it, 0, 0, 0, 0));
+	double peak = PAPER_SPIKE_LOW + (PAPER_SPIKE_HIGH - PAPER_SPIKE_LOW) * u * u;
+	int32_t spike_mb = (int32_t)(draw(seed, TAG_SPIKE, it, 0, 0, 0, 1) % (uint64_t)mbs);
+	int32_t peak_layer = (int32_t)(draw(seed, TAG_SPIKE, it, 0, 0, 0, 2) % (uint64_t)layers);
+	if (mb != spike_mb)
+		return;
+	/* The spike micro-batch: one rank per layer runs hot, at the peak in
+	 * the peak layer and partway there in the others. */
+	double hot = peak;
+	if (layer != peak_layer)
+		hot = 1.0 +
+		      (peak - 1.0) * unit_open(draw(seed, TAG_SPIKE_LAYER, it, mb, layer, 0, 0));
+	if (hot > ep)
+		hot = ep;
+	int32_t rank =
+	    (int32_t)(draw(seed, TAG_SPIKE_RANK, it, mb, layer, group, 0) % (uint64_t)ep);
+	double others = (double)ep - f[rank];
+	double scale = others > 0 ? ((double)ep - hot) / others : 0;
+	for (int32_t r = 0; r < ep; r++)
+		f[r] = r == rank ? hot : f[r] * scale;
+	cap_mean_one(f, ep, p->max_factor);
+}
+
+/* ---------------------------------------------------------------- hotspots */
+
+/* The largest factor one expert's rank can reach: a token picks top_k
+ * distinct experts, so one expert takes at most 1/top_k of the rows; the
+ * other n - 1 experts share the rest evenly. */
+static double hot_expert_bound(const kiln_load_shape *s)
+{
+	int64_t n = (int64_t)s->ep * s->experts_per_rank;
+	if (s->top_k < 1 || n < 2 || s->top_k > n)
+		return (double)s->ep;
+	double cap = 1.0 / s->top_k;
+	double local = (double)(s->experts_per_rank - 1) / (double)(n - 1);
+	return s->ep * (cap + local * (1.0 - cap));
+}
+
+static void sample_hot_expert(const kiln_load_profile *p, const kiln_load_shape *s, uint64_t seed,
+                              int32_t layer, double *f)
+{
+	int32_t e = s->experts_per_rank > 0 ? s->experts_per_rank : 1;
+	uint64_t n = (uint64_t)s->ep * (uint64_t)e;
+	uint64_t expert = draw(seed, TAG_HOT_EXPERT, 0, 0, layer, 0, 0) % n;
+	double hot = min3(HOT_EXPERT_FACTOR, p->max_factor, hot_expert_bound(s));
+	set_hot(f, s->ep, (int32_t)(expert / (uint64_t)e), hot);
+}
+
+static void sample_burst(const kiln_load_profile *p, const kiln_load_shape *s, uint64_t seed,
+                         int64_t it, int32_t mb, int32_t layer, int32_t group, double *f)
+{
+	uint64_t offset = draw(seed, TAG_BURST_OFFSET, 0, 0, 0, 0, 0) % BURST_PERIOD;
+	uint64_t phase = (umod(it, BURST_PERIOD) + BURST_PERIOD - offset) % BURST_PERIOD;
+	if (phase >= BURST_LENGTH)
+		return;
+	double hot = BURST_OF_MAX * p->max_factor;
+	if (hot < 1)
+		hot = 1;
+	int32_t rank =
+	    (int32_t)(draw(seed, TAG_BURST_RANK, it, mb, layer, group, 0) % (uint64_t)s->ep);
+	set_hot(f, s->ep, rank, hot);
+}
+
+/* ---------------------------------------------------------------- zipf */
+
+static double zipf_w(const kiln_load_profile *p, int64_t j)
+{
+	return j <= p->zipf_n ? p->zipf_w[j] : pow((double)j, -p->alpha);
+}
+
+static void sample_zipf(const kiln_load_profile *p, const kiln_load_shape *s, uint64_t seed,
+                        int64_t it, int32_t mb, int32_t layer, int32_t group, double *f)
+{
+	int32_t ep = s->ep;
+	int64_t e = s->experts_per_rank > 0 ? s->experts_per_rank : 1;
+	int64_t n = ep * e;
+	double total = p->zipf_cum[n < p->zipf_n ? n : p->zipf_n];
+	for (int64_t j = p->zipf_n + 1; j <= n; j++)
+		total += zipf_w(p, j);
+	/* Popularity rank j draws the share w_j / total; no expert can take
+	 * more than 1/top_k (see hot_expert_bound), so the capped prefix's
+	 * excess goes to the others in proportion to their headroom, as
+	 * cap_mean_one does for ranks. */
+	double cap = s->top_k >= 1 && s->top_k <= n ? 1.0 / s->top_k : 1.0;
+	int64_t capped = 0;
+	double excess = 0, capped_share = 0;
+	while (capped < n && zipf_w(p, capped + 1) / total > cap) {
+		double share = zipf_w(p, capped + 1) / total;
+		excess += share - cap;
+		capped_share += share;
+		capped++;
+	}
+	double headroom = (double)(n - capped) * cap - (1.0 - capped_share);
+	double lift = excess > 0 && headroom > 0 ? excess / headroom : 0;
+	for (int32_t r = 0; r < ep; r++)
+		f[r] = 0;
+	uint64_t key = draw(seed, TAG_ZIPF, it, mb, layer, group, 0);
+	int half = half_bits_for((uint64_t)n);
+	for (int64_t x = 0; x < n; x++) {
+		int64_t j = (int64_t)permute((uint64_t)x, (uint64_t)n, half, key) + 1;
+		double share = j <= capped ? cap : zipf_w(p, j) / total;
+		if (j > capped)
+			share += (cap - share) * lift;
+		f[x / e] += share * ep;
+	}
+	cap_mean_one(f, ep, p->max_factor);
+}
+
+/* ---------------------------------------------------------------- traces */
+
+typedef struct trace_row {
+	int64_t iteration;
+	int32_t microbatch, layer, rank;
+	int32_t line;
+	double value; /* a load factor, or the sum of the local experts' tokens */
+} trace_row;
+
+struct kiln_load_trace {
+	const char *path;
+	const trace_row *rows; /* sorted by (iteration, microbatch, layer, rank) */
+	int64_t n;
+	kiln_load_trace_info info;
+};
+
+static int key_cmp(int64_t it, int32_t mb, int32_t layer, int32_t rank, const trace_row *r)
+{
+	if (it != r->iteration)
+		return it < r->iteration ? -1 : 1;
+	if (mb != r->microbatch)
+		return mb < r->microbatch ? -1 : 1;
+	if (layer != r->layer)
+		return layer < r->layer ? -1 : 1;
+	if (rank != r->rank)
+		return rank < r->rank ? -1 : 1;
+	return 0;
+}
+
+static void sample_trace(const kiln_load_trace *t, const kiln_load_shape *s, int64_t it, int32_t mb,
+                         int32_t layer, double *f)
+{
+	int64_t want = t->info.first_iteration + (int64_t)umod(it, (uint64_t)t->info.iterations);
+	int32_t want_layer = (int32_t)umod(layer, (uint64_t)t->info.layers);
+	int64_t lo = 0, hi = t->n;
+	while (lo < hi) {
+		int64_t mid = lo + (hi - lo) / 2;
+		if (key_cmp(want, mb, want_layer, 0, &t->rows[mid]) > 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	double balanced = (double)s->tokens * s->top_k / s->ep;
+	for (int64_t i = lo; i < t->n; i++) {
+		const trace_row *r = &t->rows[i];
+		if (r->iteration != want || r->microbatch != mb || r->layer != want_layer)
+			break;
+		if (r->rank >= s->ep)
+			break;
+		if (!t->info.tokens)
+			f[r->rank] = r->value;
+		else
+			f[r->rank] = balanced > 0 ? r->value / balanced : 1.0;
+	}
+}
+
+void kiln_load_trace_describe(const kiln_load_trace *t, kiln_load_trace_info *out)
+{
+	*out = t->info;
+}
+
+/* ---------------------------------------------------------------- sample */
+
+void kiln_load_sample(const kiln_load_profile *p, const kiln_load_shape *shape, uint64_t seed,
+                      int64_t iteration, int32_t microbatch, int32_t layer, int32_t group,
+                      double *out)
+{
+	int32_t ep = shape->ep;
+	if (ep < 1)
+		return;
+	for (int32_t r = 0; r < ep; r++)
+		out[r] = 1.0;
+	if (p->kind == KILN_LOAD_TRACE) {
+		sample_trace(p->trace, shape, iteration, microbatch, layer, out);
+		return;
+	}
+	if (ep == 1)
+		return; /* one rank holds every expert: always balanced */
+	switch (p->kind) {
+	case KILN_LOAD_PAPER:
+		sample_paper(p, shape, seed, iteration, microbatch, layer, group, out);
+		break;
+	case KILN_LOAD_BALANCED:
+		break;
+	case KILN_LOAD_HOT_EXPERT:
+		sample_hot_expert(p, shape, seed, layer, out);
+		break;
+	case KILN_LOAD_HOT_RANK: {
+		uint64_t rank = draw(seed, TAG_HOT_RANK, 0, 0, 0, 0, 0) % (uint64_t)ep;
+		set_hot(out, ep, (int32_t)rank,
+		        p->max_factor < HOT_RANK_FACTOR ? p->max_factor : HOT_RANK_FACTOR);
+		break;
+	}
+	case KILN_LOAD_ROTATING: {
+		uint64_t start = draw(seed, TAG_ROTATING, 0, 0, 0, 0, 0) % (uint64_t)ep;
+		uint64_t rank = (start + umod(iteration, (uint64_t)ep)) % (uint64_t)ep;
+		set_hot(out, ep, (int32_t)rank,
+		        p->max_factor < HOT_RANK_FACTOR ? p->max_factor : HOT_RANK_FACTOR);
+		break;
+	}
+	case KILN_LOAD_BURST:
+		sample_burst(p, shape, seed, iteration, microbatch, layer, group, out);
+		break;
+	case KILN_LOAD_ZIPF:
+		sample_zipf(p, shape, seed, iteration, microbatch, layer, group, out);
+		break;
+	case KILN_LOAD_TRACE:
+		break;
+	}
+}
+
+/* ---------------------------------------------------------------- parsing */
+
+/* Writes s (at most len bytes) to f quoted, with control and non-ASCII bytes
+ * escaped and anything past 40 characters elided. */
+static void put_shown(FILE *f, const char *s, size_t len)
+{
+	fputc('\'', f);
+	for (size_t i = 0; i < len; i++) {
+		if (i == 40) {
+			fputs("...", f);
+			break;
+		}
+		unsigned char c = (unsigned char)s[i];
+		if (c == '\'' || c == '\\')
+			fprintf(f, "\\%c", c);
+		else if (c < 0x20 || c >= 0x7f)
+			fprintf(f, "\\x%02x", c);
+		else
+			fputc(c, f);
+	}
+	fputc('\'', f);
+}
+
+static const char *const profile_names[] = {"paper",    "balanced", "hot-expert", "hot-rank",
+                                            "rotating", "burst",    "zipf"};
+#define N_PROFILES (sizeof(profile_names) / sizeof(profile_names[0]))
+
+static size_t edit_distance(const char *a, size_t la, const char *b)
+{
+	size_t lb = strlen(b);
+	size_t row[32];
+	if (lb >= 32)
+		return (size_t)-1;
+	for (size_t j = 0; j <= lb; j++)
+		row[j] = j;
+	for (size_t i = 1; i <= la; i++) {
+		size_t diag = row[0];
+		row[0] = i;
+		for (size_t j = 1; j <= lb; j++) {
+			size_t up = row[j];
+			size_t best = diag + (a[i - 1] != b[j - 1]);
+			if (up + 1 < best)
+				best = up + 1;
+			if (row[j - 1] + 1 < best)
+				best = row[j - 1] + 1;
+			row[j] = best;
+			diag = up;
+		}
+	}
+	return row[lb];
+}
+
+static void unknown_profile(const char *spec, FILE *err)
+{
+	size_t len = strlen(spec);
+	const char *colon = strchr(spec, ':');
+	size_t stem = colon ? (size_t)(colon - spec) : len;
+	const char *best = NULL;
+	size_t best_d = (size_t)-1;
+	for (size_t i = 0; i < N_PROFILES && stem <= 64; i++) {
+		size_t d = edit_distance(spec, stem, profile_names[i]);
+		if (d < best_d) {
+			best_d = d;
+			best = profile_names[i];
+		}
+	}
+	fputs("kilnc: error: unknown load profile ", err);
+	put_shown(err, spec, len);
+	if (best && best_d <= 3 && 2 * best_d < strlen(best))
+		fprintf(err, "; did you mean '%s%s'?", best,
+		        strcmp(best, "zipf") == 0 ? ":ALPHA" : "");
+	fputs("\nkilnc: note: load profiles: paper, balanced, hot-expert, hot-rank, rotating, "
+	      "burst, zipf:ALPHA, or the path of a CSV trace (containing '/' or ending in .csv)\n",
+	      err);
+}
+
+/* Whether s[0..len) is a decimal number: [+-]digits[.digits][(e|E)[+-]digits]. */
+static int is_decimal(const char *s, size_t len)
+{
+	size_t i = 0, digits = 0;
+	if (i < len && (s[i] == '+' || s[i] == '-'))
+		i++;
+	while (i < len && isdigit((unsigned char)s[i]))
+		i++, digits++;
+	if (i < len && s[i] == '.') {
+		i++;
+		while (i < len && isdigit((unsigned char)s[i]))
+			i++, digits++;
+	}
+	if (digits == 0)
+		return 0;
+	if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+		i++;
+		if (i < len && (s[i] == '+' || s[i] == '-'))
+			i++;
+		size_t exp = 0;
+		while (i < len && isdigit((unsigned char)s[i]))
+			i++, exp++;
+		if (exp == 0)
+			return 0;
+	}
+	return i == len;
+}
+
+/* Parses s[0..len) as a decimal number into *out; 0 when it is not one. */
+static int parse_decimal(const char *s, size_t len, double *out)
+{
+	char buf[64];
+	if (len == 0 || len >= sizeof buf || !is_decimal(s, len))
+		return 0;
+	memcpy(buf, s, len);
+	buf[len] = '\0';
+	*out = strtod(buf, NULL);
+	return 1;
+}
+
+static int parse_zipf(kiln_load_profile *p, const char *spec, FILE *err)
+{
+	const char *a = spec + strlen("zipf:");
+	double alpha = 0;
+	if (!parse_decimal(a, strlen(a), &alpha) || !isfinite(alpha) || !(alpha > 0)) {
+		fputs("kilnc: error: load profile ", err);
+		put_shown(err, spec, strlen(spec));
+		fputs(" needs a positive exponent, as in zipf:1.2\n", err);
+		return -1;
+	}
+	p->alpha = alpha;
+	return 0;
+}
+
+static int zipf_tables(kiln_load_profile *p, kiln_arena *a)
+{
+	double *w = kiln_arena_alloc(a, (ZIPF_TABLE + 1) * sizeof(double));
+	double *cum = kiln_arena_alloc(a, (ZIPF_TABLE + 1) * sizeof(double));
+	if (!w || !cum)
+		return -1;
+	for (int32_t j = 1; j <= ZIPF_TABLE; j++) {
+		w[j] = pow((double)j, -p->alpha);
+		cum[j] = cum[j - 1] + w[j];
+	}
+	p->zipf_w = w;
+	p->zipf_cum = cum;
+	p->zipf_n = ZIPF_TABLE;
+	return 0;
+}
+
+/* ---------------------------------------------------------------- trace parsing */
+
+typedef struct tparse {
+	const char *path;
+	FILE *err;
+	int errors;
+	/* header: column names, borrowed from the file's text */
+	int32_t ncols;
+	const char **name;
+	size_t *name_len;
+} tparse;
+
+static void terr(tparse *t, int64_t line, const char *fmt, ...)
+{
+	va_list ap;
+	if (line > 0)
+		fprintf(t->err, "%s:%lld: error: ", t->path, (long long)line);
+	else
+		fprintf(t->err, "%s: error: ", t->path);
+	va_start(ap, fmt);
+	vfprintf(t->err, fmt, ap);
+	va_end(ap);
+	t->errors++;
+}
+
+static int is_blank(char c)
+{
+	return c == ' ' || c == '\t';
+}
+
+/* One line of the text: [b, e) without its '\n' and a trailing '\r'. */
+typedef struct line_ref {
+	const char *b, *e;
+} line_ref;
+
+static line_ref next_line(const char **p, const char *end)
+{
+	line_ref l = {*p, end};
+	const char *nl = memchr(*p, '\n', (size_t)(end - *p));
+	if (nl) {
+		l.e = nl;
+		*p = nl + 1;
+	} else {
+		*p = end;
+	}
+	if (l.e > l.b && l.e[-1] == '\r')
+		l.e--;
+	return l;
+}
+
+/* Blank lines and '#' comments carry no data. */
+static int is_content(line_ref l)
+{
+	const char *c = l.b;
+	while (c < l.e && is_blank(*c))
+		c++;
+	return c < l.e && *c != '#';
+}
+
+static int32_t count_fields(line_ref l)
+{
+	int32_t n = 1;
+	for (const char *c = l.b; c < l.e; c++)
+		n += *c == ',';
+	return n;
+}
+
+/* The next comma-separated field from *p (up to e), trimmed. */
+static line_ref next_field(const char **p, const char *e)
+{
+	const char *c = memchr(*p, ',', (size_t)(e - *p));
+	line_ref f = {*p, c ? c : e};
+	*p = c ? c + 1 : e;
+	while (f.b < f.e && is_blank(*f.b))
+		f.b++;
+	while (f.e > f.b && is_blank(f.e[-1]))
+		f.e--;
+	return f;
+}
+
+static int field_is(line_ref f, const char *s)
+{
+	size_t n = strlen(s);
+	return (size_t)(f.e - f.b) == n && memcmp(f.b, s, n) == 0;
+}
+
+static const char *const key_names[4] = {"iteration", "microbatch", "layer", "rank"};
+
+static int parse_header(tparse *t, line_ref l, int64_t line, kiln_arena *a, int *out_tokens)
+{
+	int32_t n = count_fields(l);
+	const char *p = l.b;
+	int ok = n >= 5;
+	line_ref f[4];
+	for (int i = 0; i < 4 && ok; i++) {
+		f[i] = next_field(&p, l.e);
+		ok = field_is(f[i], key_names[i]);
+	}
+	if (!ok) {
+		terr(t, line,
+		     "expected the header 'iteration,microbatch,layer,rank,...' (then one "
+		     "'factor' column, or one column per local expert), got ");
+		put_shown(t->err, l.b, (size_t)(l.e - l.b));
+		fputc('\n', t->err);
+		return -1;
+	}
+	t->ncols = n;
+	t->name = kiln_arena_alloc(a, (size_t)n * sizeof(*t->name));
+	t->name_len = kiln_arena_alloc(a, (size_t)n * sizeof(*t->name_len));
+	if (!t->name || !t->name_len) {
+		fprintf(t->err, "kilnc: error: out of memory\n");
+		return -1;
+	}
+	p = l.b;
+	int factor = 0;
+	for (int32_t i = 0; i < n; i++) {
+		line_ref c = next_field(&p, l.e);
+		t->name[i] = c.b;
+		t->name_len[i] = (size_t)(c.e - c.b);
+		if (c.b == c.e) {
+			terr(t, line, "column %d of the header has no name\n", i + 1);
+			return -1;
+		}
+		factor += i >= 4 && field_is(c, "factor");
+	}
+	if (factor && n != 5) {
+		terr(t, line,
+		     "a 'factor' column must be the only value column; the header has %d\n", n - 4);
+		return -1;
+	}
+	*out_tokens = !factor;
+	return 0;
+}
+
+/* A key column: a non-negative integer no larger than max. */
+static int parse_key(tparse *t, int64_t line, int32_t col, line_ref f, int64_t max, int64_t *out)
+{
+	size_t len = (size_t)(f.e - f.b);
+	int digits = len > 0;
+	for (size_t i = 0; digits && i < len; i++)
+		digits = isdigit((unsigned char)f.b[i]) != 0;
+	int64_t v = 0;
+	for (size_t i = 0; digits && i < len && i < 18; i++)
+		v = v * 10 + (f.b[i] - '0');
+	if (digits && len <= 18 && v <= max) {
+		*out = v;
+		return 0;
+	}
+	if (len == 0) {
+		terr(t, line, "column '%s' is empty\n", key_names[col]);
+	} else if (digits) {
+		terr(t, line, "column '%s' is ", key_names[col]);
+		put_shown(t->err, f.b, len);
+		fprintf(t->err, ", over the limit %lld\n", (long long)max);
+	} else if (f.b[0] == '-' && is_decimal(f.b, len)) {
+		terr(t, line, "column '%s' has the negative value ", key_names[col]);
+		put_shown(t->err, f.b, len);
+		fputc('\n', t->err);
+	} else {
+		terr(t, line, "column '%s' is ", key_names[col]);
+		put_shown(t->err, f.b, len);
+		fputs(", not a non-negative integer\n", t->err);
+	}
+	return -1;
+}
+
+static int parse_value(tparse *t, int64_t line, int32_t col, line_ref f, double *out)
+{
+	size_t len = (size_t)(f.e - f.b);
+	double v = 0;
+	if (len == 0) {
+		terr(t, line, "column '%.*s' is empty\n", (int)t->name_len[col], t->name[col]);
+		return -1;
+	}
+	if (!parse_decimal(f.b, len, &v)) {
+		terr(t, line, "column '%.*s' is ", (int)t->name_len[col], t->name[col]);
+		put_shown(t->err, f.b, len);
+		fputs(", not a number\n", t->err);
+		return -1;
+	}
+	if (!isfinite(v)) {
+		terr(t, line, "column '%.*s' is ", (int)t->name_len[col], t->name[col]);
+		put_shown(t->err, f.b, len);
+		fputs(", out of range\n", t->err);
+		return -1;
+	}
+	if (v < 0) {
+		terr(t, line, "column '%.*s' has the negative value ", (int)t->name_len[col],
+		     t->name[col]);
+		put_shown(t->err, f.b, len);
+		fputc('\n', t->err);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+static int row_cmp(const void *pa, const void *pb)
+{
+	const trace_row *a = pa, *b = pb;
+	int c = key_cmp(a->iteration, a->microbatch, a->layer, a->rank, b);
+	if (c)
+		return c;
+	return (a->line > b->line) - (a->line < b->line);
+}
+
+/* Reads the whole regular file at path (at most TRACE_MAX_BYTES) into a
+ * malloc'd buffer the caller frees; NULL after reporting why not. */
+static char *read_trace(tparse *t, size_t *out_len)
+{
+	int fd = open(t->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0) {
+		terr(t, 0, "cannot open the trace: %s\n", strerror(errno));
+		return NULL;
+	}
+	struct stat st;
+	char *buf = NULL;
+	if (fstat(fd, &st) != 0) {
+		terr(t, 0, "cannot stat the trace: %s\n", strerror(errno));
+	} else if (!S_ISREG(st.st_mode)) {
+		terr(t, 0, "not a regular file\n");
+	} else if ((int64_t)st.st_size > TRACE_MAX_BYTES) {
+		terr(t, 0, "the trace is %lld bytes, over the limit of 256 MiB\n",
+		     (long long)st.st_size);
+	} else if (!(buf = malloc((size_t)st.st_size + 1))) {
+		fprintf(t->err, "kilnc: error: out of memory\n");
+	} else {
+		size_t want = (size_t)st.st_size + 1, got = 0;
+		while (got < want) {
+			ssize_t r = read(fd, buf + got, want - got);
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0) {
+				if (r < 0) {
+					terr(t, 0, "cannot read the trace: %s\n", strerror(errno));
+					free(buf);
+					buf = NULL;
+				}
+				break;
+			}
+			got += (size_t)r;
+		}
+		if (buf && got > (size_t)st.st_size) {
+			terr(t, 0, "the trace changed while it was read\n");
+			free(buf);
+			buf = NULL;
+		}
+		*out_len = got;
+	}
+	close(fd);
+	return buf;
+}
+
+/* Iterations up to 10^18 - 1 (18 digits); the other keys fit an int32_t. */
+static const int64_t key_max[4] = {999999999999999999, INT32_MAX - 1, INT32_MAX - 1, INT32_MAX - 1};
+
+static int parse_rows(tparse *t, const char *text, size_t len, int64_t first_line, trace_row *rows,
+                      int64_t *out_n)
+{
+	const char *p = text, *end = text + len;
+	int64_t n = 0;
+	for (int64_t line = 1; p < end; line++) {
+		line_ref l = next_line(&p, end);
+		if (line <= first_line || !is_content(l))
+			continue;
+		if (t->errors >= TRACE_MAX_ERRORS) {
+			fprintf(t->err, "%s: note: stopping after %d errors\n", t->path,
+			        TRACE_MAX_ERRORS);
+			return -1;
+		}
+		int32_t nf = count_fields(l);
+		if (nf != t->ncols) {
+			terr(t, line, "expected %d fields as in the header, got %d\n", t->ncols,
+			     nf);
+			continue;
+		}
+		const char *c = l.b;
+		int64_t key[4];
+		int bad = 0;
+		for (int32_t i = 0; i < 4; i++)
+			bad |= parse_key(t, line, i, next_field(&c, l.e), key_max[i], &key[i]) != 0;
+		double sum = 0;
+		for (int32_t i = 4; i < nf; i++) {
+			double v = 0;
+			bad |= parse_value(t, line, i, next_field(&c, l.e), &v) != 0;
+			sum += v;
+		}
+		if (bad)
+			continue;
+		trace_row *r = &rows[n++];
+		r->iteration = key[0];
+		r->microbatch = (int32_t)key[1];
+		r->layer = (int32_t)key[2];
+		r->rank = (int32_t)key[3];
+		r->line = (int32_t)line;
+		r->value = sum; /* the factor itself when there is one value column */
+	}
+	*out_n = n;
+	return t->errors ? -1 : 0;
+}
+
+static int parse_trace(const char *path, kiln_arena *a, FILE *err, const kiln_load_trace **out)
+{
+	tparse t = {.path = path, .err = err};
+	size_t len = 0;
+	char *text = read_trace(&t, &len);
+	if (!text)
+		return -1;
+	int rc = -1;
+	/* Spreadsheets like to start a CSV with a UTF-8 byte order mark. */
+	const char *body = text;
+	if (len >= 3 && memcmp(text, "\xef\xbb\xbf", 3) == 0) {
+		body += 3;
+		len -= 3;
+	}
+	/* First pass: find the header and count the data rows, so the row
+	 * limit is enforced before anything big is allocated. */
+	const char *p = body, *end = body + len;
+	line_ref header = {NULL, NULL};
+	int64_t header_line = 0, nrows = 0, line = 0;
+	while (p < end) {
+		line_ref l = next_line(&p, end);
+		line++;
+		if (!is_content(l))
+			continue;
+		if (!header.b) {
+			header = l;
+			header_line = line;
+		} else if (++nrows > TRACE_MAX_ROWS) {
+			terr(&t, line, "the trace has more than %d rows\n", TRACE_MAX_ROWS);
+			goto done;
+		}
+	}
+	if (!header.b) {
+		terr(&t, line > 0 ? line : 1,
+		     "empty trace; expected the header 'iteration,microbatch,layer,rank,...'\n");
+		goto done;
+	}
+	int tokens = 0;
+	if (parse_header(&t, header, header_line, a, &tokens) != 0)
+		goto done;
+	if (nrows == 0) {
+		terr(&t, header_line, "no data rows after the header\n");
+		goto done;
+	}
+	trace_row *rows = kiln_arena_alloc(a, (size_t)nrows * sizeof(trace_row));
+	kiln_load_trace *tr = kiln_arena_alloc(a, sizeof(*tr));
+	if (!rows || !tr) {
+		fprintf(err, "kilnc: error: out of memory\n");
+		goto done;
+	}
+	int64_t n = 0;
+	if (parse_rows(&t, body, len, header_line, rows, &n) != 0)
+		goto done;
+	qsort(rows, (size_t)n, sizeof(trace_row), row_cmp);
+	for (int64_t i = 1, first = 0; i < n; i++) {
+		const trace_row *r = &rows[i];
+		if (key_cmp(r->iteration, r->microbatch, r->layer, r->rank, &rows[first]) != 0) {
+			first = i;
+			continue;
+		}
+		if (t.errors >= TRACE_MAX_ERRORS) {
+			fprintf(err, "%s: note: stopping after %d errors\n", path,
+			        TRACE_MAX_ERRORS);
+			break;
+		}
+		terr(&t, r->line,
+		     "duplicate row for iteration %lld, microbatch %d, layer %d, rank %d (first at "
+		     "line %d)\n",
+		     (long long)r->iteration, r->microbatch, r->layer, r->rank, rows[first].line);
+	}
+	if (t.errors)
+		goto done;
+	tr->path = kiln_arena_strdup(a, path);
+	tr->rows = rows;
+	tr->n = n;
+	kiln_load_trace_info *info = &tr->info;
+	info->first_iteration = rows[0].iteration;
+	info->iterations = rows[n - 1].iteration - rows[0].iteration + 1;
+	info->rows = n;
+	info->values = t.ncols - 4;
+	info->tokens = tokens;
+	for (int64_t i = 0; i < n; i++) {
+		if (rows[i].microbatch >= info->microbatches)
+			info->microbatches = rows[i].microbatch + 1;
+		if (rows[i].layer >= info->layers)
+			info->layers = rows[i].layer + 1;
+		if (rows[i].rank >= info->ranks)
+			info->ranks = rows[i].rank + 1;
+	}
+	if (!tr->path) {
+		fprintf(err, "kilnc: error: out of memory\n");
+		goto done;
+	}
+	*out = tr;
+	rc = 0;
+done:
+	free(text);
+	return rc;
+}
+
+/* ---------------------------------------------------------------- parse */
+
+static int is_trace_path(const char *spec)
+{
+	size_t n = strlen(spec);
+	return strchr(spec, '/') || (n > 4 && strcmp(spec + n - 4, ".csv") == 0);
+}
+
+int kiln_load_parse(const char *spec, double max_factor, kiln_arena *a, FILE *err,
+                    kiln_load_profile **out)
+{
+	static const struct {
+		const char *name;
+		kiln_load_kind kind;
+	} named[] = {
+	    {"paper", KILN_LOAD_PAPER},           {"balanced", KILN_LOAD_BALANCED},
+	    {"hot-expert", KILN_LOAD_HOT_EXPERT}, {"hot-rank", KILN_LOAD_HOT_RANK},
+	    {"rotating", KILN_LOAD_ROTATING},     {"burst", KILN_LOAD_BURST},
+	};
+	if (!spec || !*spec) {
+		unknown_profile("", err);
+		return -1;
+	}
+	if (!isfinite(max_factor) || !(max_factor >= 1)) {
+		fprintf(
+		    err,
+		    "kilnc: error: the load factor cap %g must be at least 1 (load.max_factor)\n",
+		    max_factor);
+		return -1;
+	}
+	kiln_load_profile *p = kiln_arena_alloc(a, sizeof(*p));
+	if (!p || !(p->name = kiln_arena_strdup(a, spec))) {
+		fprintf(err, "kilnc: error: out of memory\n");
+		return -1;
+	}
+	p->max_factor = max_factor;
+	int found = 0;
+	for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++) {
+		if (strcmp(spec, named[i].name) == 0) {
+			p->kind = named[i].kind;
+			found = 1;
+		}
+	}
+	if (found) {
+		/* done */
+	} else if (strcmp(spec, "zipf") == 0 || strncmp(spec, "zipf:", 5) == 0) {
+		if (strcmp(spec, "zipf") == 0) {
+			fputs("kilnc: error: load profile 'zipf' needs a positive exponent, as in "
+			      "zipf:1.2\n",
+			      err);
+			return -1;
+		}
+		p->kind = KILN_LOAD_ZIPF;
+		if (parse_zipf(p, spec, err) != 0)
+			return -1;
+		if (zipf_tables(p, a) != 0) {
+			fprintf(err, "kilnc: error: out of memory\n");
+			return -1;
+		}
+	} else if (is_trace_path(spec)) {
+		p->kind = KILN_LOAD_TRACE;
+		if (parse_trace(spec, a, err, &p->trace) != 0)
+			return -1;
+	} else {
+		unknown_profile(spec, err);
+		return -1;
+	}
+	*out = p;
+	return 0;
+}

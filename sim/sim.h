@@ -1,0 +1,176 @@
+/* sim/sim.h: the iteration-level simulator (DESIGN.md section 9).
+ *
+ * Files, one idea each, grouped here as QBE's all.h does:
+ *   loads.c     load profiles: per (iteration, micro-batch, layer) the load
+ *               factor of every EP rank, deterministic by seed
+ *   pipeline.c  1F1B and interleaved pipeline timing and memory over time
+ *   (to come: sim.c the iteration loop, policy.c the policies)
+ *
+ * The simulator depends on costmodel/ and ir/, and on the runtime only
+ * through include/kiln/runtime.h.
+ */
+#ifndef KILN_SIM_H
+#define KILN_SIM_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ir/ir.h"
+
+/* ---------------------------------------------------------------- loads.c */
+
+typedef enum {
+	KILN_LOAD_PAPER,      /* 97.1% of iterations below 1.2x job-wide, 2.9% spikes up to 2.6x */
+	KILN_LOAD_BALANCED,   /* every rank at 1.0 */
+	KILN_LOAD_HOT_EXPERT, /* one expert draws a large share; its rank is hot */
+	KILN_LOAD_HOT_RANK,   /* one EP rank's experts all run hot */
+	KILN_LOAD_ROTATING,   /* the hot rank moves every iteration */
+	KILN_LOAD_BURST,      /* balanced, with short bursts of heavy imbalance */
+	KILN_LOAD_ZIPF,       /* expert popularity ~ Zipf(alpha), re-drawn per micro-batch */
+	KILN_LOAD_TRACE       /* a CSV trace (docs/simulator.md, "Traces") */
+} kiln_load_kind;
+
+typedef struct kiln_load_trace kiln_load_trace; /* loads.c */
+
+/* A parsed load profile. Arena-owned. */
+typedef struct kiln_load_profile {
+	kiln_load_kind kind;
+	const char *name;       /* as given: "paper", "zipf:1.2", a file path */
+	double alpha;           /* zipf */
+	double max_factor;      /* synthetic profiles never exceed this (load.max_factor) */
+	const kiln_load_trace *trace;
+	const double *zipf_w;   /* zipf: zipf_w[j] = j^-alpha for j = 1..zipf_n, arena-owned */
+	const double *zipf_cum; /* zipf: zipf_cum[j] = zipf_w[1] + ... + zipf_w[j] */
+	int32_t zipf_n;
+} kiln_load_profile;
+
+/* Parses PROFILE ("paper", "balanced", "hot-expert", "hot-rank",
+ * "rotating", "burst", "zipf:ALPHA") or a CSV trace path (a spec that
+ * contains '/' or ends in ".csv"). Errors go to err as "kilnc: error: ..."
+ * or "FILE:LINE: error: ..." and return -1. max_factor (>= 1) caps every
+ * synthetic load factor. spec is borrowed; *out and the trace live in a. */
+int kiln_load_parse(const char *spec, double max_factor, kiln_arena *a, FILE *err,
+                    kiln_load_profile **out);
+
+/* The shape one sample is drawn for. */
+typedef struct kiln_load_shape {
+	int32_t ep;               /* EP ranks of one MoE layer */
+	int32_t experts_per_rank; /* local experts per rank */
+	int32_t top_k;
+	int64_t tokens;           /* tokens of one micro-batch entering one EP group */
+	/* Optional (0 means 1): how many micro-batches per iteration and MoE
+	 * layers the caller samples, so that the paper profile can place an
+	 * iteration's spike on one of them (docs/simulator.md). */
+	int32_t microbatches;
+	int32_t layers;
+} kiln_load_shape;
+
+/* Load factors of every EP rank (out[ep]: rows / balanced rows) for one
+ * (iteration, micro-batch, MoE layer, EP group), deterministic in (seed and
+ * these indices): the same call gives the same numbers whatever was drawn
+ * before. Synthetic profiles conserve rows (the mean over ranks is 1) and
+ * stay within [0, max_factor]; traces give 1.0 where they have no row.
+ * Never allocates; safe from many threads. O(ep) (zipf: O(ep *
+ * experts_per_rank); traces: O(log rows + ep)). */
+void kiln_load_sample(const kiln_load_profile *p, const kiln_load_shape *shape, uint64_t seed,
+                      int64_t iteration, int32_t microbatch, int32_t layer, int32_t group,
+                      double *out);
+
+/* What a parsed trace covers: the iterations first_iteration ..
+ * first_iteration + iterations - 1 (replayed modulo iterations), layer
+ * indices below layers (replayed modulo layers), the largest micro-batch and
+ * rank index plus one, the data rows, and the value columns per row (tokens:
+ * 1 when they are tokens per local expert, 0 for one load factor). */
+typedef struct kiln_load_trace_info {
+	int64_t first_iteration, iterations, rows;
+	int32_t microbatches, layers, ranks;
+	int32_t values;
+	int tokens;
+} kiln_load_trace_info;
+
+/* Describes t (borrowed) into *out. */
+void kiln_load_trace_describe(const kiln_load_trace *t, kiln_load_trace_info *out);
+
+/* ---------------------------------------------------------------- pipeline.c */
+
+typedef enum { KILN_PIPE_1F1B, KILN_PIPE_INTERLEAVED } kiln_pipe_kind;
+
+/* One pipeline's work for one iteration: p stages, m micro-batches, v model
+ * chunks per stage (1 unless interleaved; chunk c of stage s holds virtual
+ * stage c * p + s); durations per (stage, chunk, micro-batch) in
+ * microseconds, finite and >= 0: the forward of chunk c of micro-batch i on
+ * stage s is fwd_us[(s * v + c) * m + i], and likewise bwd_us. A transfer
+ * between two different stages takes p2p_us (0 for none); a hand-off within
+ * one stage (its own forward to its backward, or chunk to chunk when p = 1)
+ * takes none. Borrowed for the duration of each call. */
+typedef struct kiln_pipe_work {
+	kiln_pipe_kind kind;
+	int32_t p, m, v;
+	const double *fwd_us;
+	const double *bwd_us;
+	double p2p_us;
+} kiln_pipe_work;
+
+/* One scheduled op. */
+typedef struct kiln_pipe_op {
+	int32_t stage, chunk, microbatch;
+	int backward;
+	double start_us, end_us;
+} kiln_pipe_op;
+
+/* The schedule of one iteration: ops per stage in execution order, the
+ * makespan, and per stage its busy time and the most micro-batch chunks
+ * held at once, a chunk being held from its forward's start to its
+ * backward's end (in flight). */
+typedef struct kiln_pipe_result {
+	kiln_pipe_op *ops;      /* 2 * p * v * m, stage-major, each stage's in order */
+	double makespan_us;
+	double *busy_us;        /* per stage */
+	int32_t *peak_inflight; /* per stage, in chunks */
+} kiln_pipe_result;
+
+/* Warm-up forwards of stage s before its first backward: min(p - s - 1, m)
+ * for 1F1B, min(2 * (p - s - 1) + (v - 1) * p, m * v) for interleaved (as
+ * Megatron-core's get_pp_rank_microbatches). w must be valid and s in
+ * [0, p). */
+int32_t kiln_pipe_warmup(const kiln_pipe_work *w, int32_t s);
+
+/* Writes the execution order of every stage into ops (2 * p * v * m,
+ * stage-major; start and end zero): Megatron's 1F1B (warm-up forwards, then
+ * one forward one backward, then the cool-down backwards) or its
+ * interleaved 1F1B (forward k runs chunk (k mod (p * v)) / p of micro-batch
+ * (k / (p * v)) * p + k mod p, backward k the mirrored chunk
+ * v - 1 - that). w must be valid (kiln_pipe_simulate checks it). */
+void kiln_pipe_order(const kiln_pipe_work *w, kiln_pipe_op *ops);
+
+/* Times ops, an execution order for w (each stage's 2 * v * m ops holding
+ * every (chunk, micro-batch, direction) of that stage once, stage-major):
+ * every op starts when its stage is free and its inputs have arrived (the
+ * forward from the previous virtual stage, the backward from the next one
+ * and from its own forward) and runs for its duration. Fills the ops' start
+ * and end, and out (out->ops = ops, borrowed from the caller; busy_us and
+ * peak_inflight allocated in a). Returns 0, or -1 with a message on err
+ * (when not NULL) for invalid work, an order that is not a permutation of
+ * the stage's ops, an order that deadlocks, or exhaustion. O(p * v * m)
+ * time; its scratch memory (malloc) is freed before returning. */
+int kiln_pipe_run(const kiln_pipe_work *w, kiln_pipe_op *ops, kiln_arena *a, FILE *err,
+                  kiln_pipe_result *out);
+
+/* Simulates the schedule: checks w, then kiln_pipe_order and kiln_pipe_run
+ * (Megatron's 1F1B needs v = 1; its interleaved 1F1B needs m a multiple of
+ * p). Returns 0, or -1 on exhaustion or inconsistent work (p, m or v below
+ * 1, a NULL or negative or non-finite duration, ...), reported on err when
+ * not NULL. The result lives in a (2 * p * v * m ops and 2 * p numbers, per
+ * call: loops over many iterations should use an arena per iteration). */
+int kiln_pipe_simulate(const kiln_pipe_work *w, kiln_arena *a, FILE *err, kiln_pipe_result *out);
+
+/* Peak bytes of stage s over the schedule when micro-batch chunk (c, i)
+ * holds bytes[(s * v + c) * m + i] from its forward's start to its
+ * backward's end, on top of base_bytes; a chunk released at time t makes
+ * room for one taken at t. r is kiln_pipe_simulate's (or kiln_pipe_run's)
+ * result for w; bytes is borrowed. O(v * m), no allocation. Returns -1 when
+ * bytes or r is NULL or s is out of range. */
+double kiln_pipe_peak_bytes(const kiln_pipe_work *w, const kiln_pipe_result *r, int32_t s,
+                            const double *bytes, double base_bytes);
+
+#endif
