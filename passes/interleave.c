@@ -1275,6 +1275,28 @@ static double makespan_at(const kiln_compilation *c, const kiln_plan_table *t,
 	return kiln_schedule_dp(tasks, n, INFINITY, a);
 }
 
+int kiln_interleave_exposed(const kiln_compilation *c, const kiln_plan_table *t,
+                            const uint8_t *actions, kiln_arena *a, double *out_exposed_us,
+                            double *out_serial_us)
+{
+	static const uint8_t keep[KILN_PLAN_MAX_UNITS]; /* zero: KILN_ACT_KEEP */
+	kiln_task *tasks;
+	int32_t n;
+	double mk[2], se[2];
+	for (int k = 0; k < 2; k++) {
+		const uint8_t *act = k ? actions : keep;
+		if (kiln_schedule_build(c->graph, t->set, act, t->n, a, &tasks, &n) != 0 ||
+		    (se[k] = kiln_schedule_serial(tasks, n, a)) < 0 ||
+		    kiln_schedule_build(c->graph, t->set, act, t->n, a, &tasks, &n) != 0 ||
+		    (mk[k] = kiln_schedule_dp(tasks, n, INFINITY, a)) < 0)
+			return -1;
+	}
+	double hbm = hbm_copy_us(c, t->set, actions, t->n);
+	*out_exposed_us = (mk[1] > mk[0] ? mk[1] - mk[0] : 0) + hbm;
+	*out_serial_us = (se[1] > se[0] ? se[1] - se[0] : 0) + hbm;
+	return 0;
+}
+
 /* Scratch arenas for throw-away task lists, renewed every so often so that
  * they stay small. */
 typedef struct scratch {

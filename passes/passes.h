@@ -32,6 +32,7 @@ typedef struct kiln_compilation {
 	const kiln_model *model; /* borrowed */
 	kiln_arena *arena;       /* borrowed */
 	kiln_solver solver;
+	bool no_offload;         /* plan without offloading (the simulator's ablation) */
 	FILE *progress;          /* when set, one line per finished pass (for terminals) */
 	kiln_ir_graph *graph;    /* lower */
 	kiln_unit_set *sets;     /* activations: one per (stage, layer kind) */
@@ -349,6 +350,15 @@ int kiln_pass_interleave(kiln_compilation *c);
  * -1. */
 int kiln_interleave_template(const kiln_compilation *c, const kiln_plan_table *t, int32_t plan,
                              const uint8_t *actions, kiln_arena *a, kiln_template *out);
+
+/* Exposed time of a plan (actions: one kiln_action per unit of t->set) at
+ * table t's load, as the feedback computes it: its scheduled makespan minus
+ * the keep-everything makespan, plus the HBM share of its offloads; and
+ * *out_serial_us the same without overlap (serial orders). Scratch from a.
+ * Returns 0 or -1. */
+int kiln_interleave_exposed(const kiln_compilation *c, const kiln_plan_table *t,
+                            const uint8_t *actions, kiln_arena *a, double *out_exposed_us,
+                            double *out_serial_us);
 
 /* Schedules two chains' tasks (tasks[0..n) with chain, index, stream,
  * duration and deps filled) by the dynamic program; fills start_us, end_us,

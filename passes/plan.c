@@ -243,7 +243,7 @@ int kiln_pass_plan(kiln_compilation *c)
 	if (!c->tables || !c->pool || !hashes || !distinct)
 		return -1;
 	int32_t n_distinct = 0;
-	kiln_option_flags flags = {.offload = true, .collective_recompute = false};
+	kiln_option_flags flags = {.offload = !c->no_offload, .collective_recompute = false};
 
 	for (int32_t s = 0; s < c->n_sets; s++) {
 		const kiln_unit_set *set = &c->sets[s];

@@ -16,6 +16,9 @@
 #include <stdio.h>
 
 #include "ir/ir.h"
+#include "kiln/runtime.h"
+
+struct kiln_compilation;
 
 /* ---------------------------------------------------------------- loads.c */
 
@@ -172,5 +175,111 @@ int kiln_pipe_simulate(const kiln_pipe_work *w, kiln_arena *a, FILE *err, kiln_p
  * bytes or r is NULL or s is out of range. */
 double kiln_pipe_peak_bytes(const kiln_pipe_work *w, const kiln_pipe_result *r, int32_t s,
                             const double *bytes, double base_bytes);
+
+
+/* ---------------------------------------------------------------- policy.c */
+
+/* The policies, side by side (docs/simulator.md, "Policies"): name, and the
+ * peer flags or paper each models. */
+#define KILN_SIM_POLICIES(X)                                                                       \
+	X(UNBOUNDED, "unbounded", "infinite memory, everything kept: the upper bound")             \
+	X(FULL_RECOMPUTE, "full-recompute",                                                        \
+	  "Megatron --recompute-granularity full --recompute-method uniform")                      \
+	X(MEGATRON_SELECTIVE, "megatron-selective",                                                \
+	  "Megatron-Core --recompute-modules and activation offloading, static, for load 1")      \
+	X(STATIC_AGGRESSIVE, "static-aggressive", "keep nearly everything, static")               \
+	X(ADAPIPE, "adapipe", "AdaPipe (ASPLOS'24): per-stage recompute by DP at a design load") \
+	X(MINDSPEED, "mindspeed-threshold",                                                        \
+	  "MindSpeed-style: recompute expert activations when a layer's load exceeds 2x")          \
+	X(KILN, "kiln", "kiln's runtime on the compiled blob")                                    \
+	X(KILN_NO_OFFLOAD, "kiln:no-offload", "kiln without offloading (recompute only)")         \
+	X(KILN_NO_ADAPTIVE, "kiln:no-adaptive", "kiln's steady plan at every load (static)")      \
+	X(KILN_NO_OVERLAP, "kiln:no-overlap", "kiln without dual-batch overlap (serial extra work)") \
+	X(KILN_STATIC_SERIAL, "kiln:no-adaptive+no-overlap",                                      \
+	  "kiln's per-unit steady plan, static and serial: the first ablation step")
+
+typedef enum {
+#define X(id, name, models) KILN_SIM_##id,
+	KILN_SIM_POLICIES(X)
+#undef X
+	KILN_SIM_POLICY_COUNT
+} kiln_sim_policy_kind;
+
+const char *kiln_sim_policy_name(kiln_sim_policy_kind k);
+const char *kiln_sim_policy_models(kiln_sim_policy_kind k);
+/* The policy named s, or -1. */
+int kiln_sim_policy_parse(const char *s);
+
+/* What one layer's decision costs one device for one micro-batch. */
+typedef struct kiln_sim_choice {
+	double resident_bytes;  /* held from the layer's forward to its backward */
+	double transient_bytes; /* extra during the layer's backward (rebuilt units, workspace) */
+	double exposed_us;      /* extra time on the critical path */
+	double recompute_us;    /* of which recompute */
+	double copy_us;         /* of which copies (exposed share) */
+	int over_budget;        /* kiln: nothing fitted (best effort) */
+} kiln_sim_choice;
+
+typedef struct kiln_sim_policy kiln_sim_policy;
+
+/* Prepares policy k for compilation c (finished, borrowed) and, for the kiln
+ * policies, the runtime handle rt on c's blob (borrowed; for
+ * kiln:no-offload, c and rt are the compilation without offloading and its
+ * blob). Precomputes static plans' exposed times per load bucket.
+ * Arena-owned; release caches with kiln_sim_policy_free. Returns 0, or -1
+ * with a message on err. */
+int kiln_sim_policy_new(kiln_sim_policy_kind k, const struct kiln_compilation *c,
+                        const kiln_rt *rt, kiln_arena *a, FILE *err, kiln_sim_policy **out);
+void kiln_sim_policy_free(kiln_sim_policy *p);
+
+/* One decision: unit set `set` of the compilation (model layer `layer` on
+ * stage `stage`) at n local expert rows, with free_bytes free on the device
+ * and pending micro-batches still to start (1F1B warm-up). */
+void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer, double n,
+                            double free_bytes, uint32_t pending, uint32_t microbatch,
+                            kiln_sim_choice *out);
+
+/* ---------------------------------------------------------------- sim.c */
+
+typedef struct kiln_sim_config {
+	const struct kiln_compilation *c; /* finished compilation, borrowed */
+	const kiln_rt *rt;                /* its blob, for the kiln policies */
+	const struct kiln_compilation *c_no_offload; /* kiln:no-offload's compilation */
+	const kiln_rt *rt_no_offload;                /* and its blob (NULL without) */
+	const kiln_load_profile *loads;
+	int64_t iterations;
+	uint64_t seed;
+	double restart_s;           /* an out-of-memory failure's restart (default 284) */
+	int64_t checkpoint_every;   /* iterations between checkpoints (progress since is lost) */
+	int exact;                  /* 1: every EP rank; 0: the most loaded rank of each group */
+	int32_t max_groups;         /* EP groups simulated (0: all) */
+	FILE *progress;             /* one line per 10% when set */
+	/* When set (a second handle on cfg->rt's blob), the kiln policy's
+	 * memory is also recorded through the runtime's accounting API and
+	 * compared with the simulator's own count at every layer
+	 * (kiln_sim_result.acct_checks, acct_mismatches). */
+	kiln_rt *acct_rt;
+} kiln_sim_config;
+
+typedef struct kiln_sim_result {
+	kiln_sim_policy_kind policy;
+	double tokens_per_s;
+	double mfu, hfu;
+	double iteration_s;      /* mean, restarts excluded */
+	double total_s;          /* all iterations, restarts and lost progress included */
+	int64_t ooms;
+	double oom_lost_s;       /* restarts plus lost progress */
+	double recompute_s;      /* exposed recompute, summed over iterations (critical path) */
+	double copy_s;           /* exposed copies, likewise */
+	int64_t over_budget;     /* kiln decisions that found nothing fitting */
+	int64_t acct_checks, acct_mismatches; /* with cfg->acct_rt, for kiln */
+	double *peak_bytes;      /* per stage: the largest device memory seen */
+	int32_t n_stages;
+} kiln_sim_result;
+
+/* Runs cfg's iterations for each of the n policies. out[n] is filled,
+ * peak_bytes arena-owned. Returns 0, or -1 with a message on err. */
+int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policies, int32_t n,
+                 kiln_arena *a, FILE *err, kiln_sim_result *out);
 
 #endif

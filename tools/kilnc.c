@@ -57,6 +57,9 @@ static const char USAGE[] =
 	"  select PLAN.kiln --stage S --layer L (--tokens A,B,..|--rows N|--load-factor R)\n"
 	"         --free BYTES [--pending N] [--json]\n"
 	"      One runtime decision from the command line.\n"
+	"  simulate MODEL --policy P[,P...] [--plan PLAN.kiln] [--iters N] [--seed S]\n"
+	"           [--loads PROFILE|FILE] [--json]\n"
+	"      Replay iterations through memory policies side by side.\n"
 	"  viz PLAN.mlir -o OUT.svg|OUT.json\n"
 	"      Redraw the schedules of a plan emitted with --emit-mlir as an SVG\n"
 	"      timeline or a Chrome trace (Perfetto, chrome://tracing).\n"
@@ -178,6 +181,8 @@ static int print_help(const char *cmd)
 		fputs(HELP_COMPILE, stdout);
 	} else if (strcmp(cmd, "viz") == 0) {
 		fputs(HELP_VIZ, stdout);
+	} else if (strcmp(cmd, "simulate") == 0) {
+		kilnc_help_simulate();
 	} else if (kilnc_help_blob(cmd) == 0) {
 		/* printed */
 	} else {
@@ -936,6 +941,8 @@ int main(int argc, char **argv)
 		return cmd_compile(argc - 2, argv + 2);
 	if (strcmp(cmd, "viz") == 0)
 		return finish_output(cmd_viz(argc - 2, argv + 2));
+	if (strcmp(cmd, "simulate") == 0)
+		return finish_output(kilnc_simulate(argc - 2, argv + 2));
 	if (strcmp(cmd, "inspect") == 0)
 		return finish_output(kilnc_inspect(argc - 2, argv + 2));
 	if (strcmp(cmd, "select") == 0)

@@ -9,6 +9,10 @@ enum { KILNC_EXIT_OK = 0, KILNC_EXIT_INPUT = 1, KILNC_EXIT_USAGE = 2, KILNC_EXIT
  * name); each returns the exit status. */
 int kilnc_inspect(int argc, char **argv);
 int kilnc_select(int argc, char **argv);
+/* simcmd.c: `kilnc simulate`, and its help. */
+int kilnc_simulate(int argc, char **argv);
+int kilnc_help_simulate(void);
+
 /* Prints the help of "inspect" or "select"; -1 for another name. */
 int kilnc_help_blob(const char *cmd);
 

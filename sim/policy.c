@@ -1,0 +1,312 @@
+/* sim/policy.c: the memory policies the simulator runs side by side
+ * (docs/simulator.md, "Policies").
+ *
+ * Static policies are one action vector per unit set, the same at every
+ * load: the compiler's baselines (passes/baselines.c), kiln's steady plan,
+ * or keep-everything. Their exposed time per load bucket comes from the
+ * scheduler, exactly as the planner's feedback computes it
+ * (kiln_interleave_exposed). kiln decides through the runtime's public API
+ * on the compiled blob.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes/passes.h"
+#include "sim/sim.h"
+
+static const char *const NAMES[] = {
+#define X(id, name, models) name,
+    KILN_SIM_POLICIES(X)
+#undef X
+};
+
+static const char *const MODELS[] = {
+#define X(id, name, models) models,
+    KILN_SIM_POLICIES(X)
+#undef X
+};
+
+const char *kiln_sim_policy_name(kiln_sim_policy_kind k)
+{
+	return k >= 0 && k < KILN_SIM_POLICY_COUNT ? NAMES[k] : "?";
+}
+
+const char *kiln_sim_policy_models(kiln_sim_policy_kind k)
+{
+	return k >= 0 && k < KILN_SIM_POLICY_COUNT ? MODELS[k] : "?";
+}
+
+int kiln_sim_policy_parse(const char *s)
+{
+	for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++)
+		if (strcmp(s, NAMES[k]) == 0)
+			return k;
+	if (strcmp(s, "kiln:no-overlap+no-adaptive") == 0)
+		return KILN_SIM_KILN_STATIC_SERIAL;
+	return -1;
+}
+
+/* Costs of one plan at one bucket's upper edge. */
+typedef struct cost {
+	double exposed_us, serial_us, recompute_us;
+} cost;
+
+struct kiln_sim_policy {
+	kiln_sim_policy_kind kind;
+	const kiln_compilation *c;
+	const kiln_rt *rt;        /* adaptive kiln policies */
+	int serial;               /* exposed time without overlap */
+	/* Static policies: per set its actions, and per (set, bucket) the cost. */
+	const uint8_t **actions;
+	cost *costs;
+	/* mindspeed-threshold: the plan above the threshold. */
+	const uint8_t **hot_actions;
+	cost *hot_costs;
+	/* Adaptive policies: per (frontier, frontier point) the cost (shared
+	 * by the tables of one frontier), NAN until computed. */
+	cost **frontier_costs;
+};
+
+static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
+{
+	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
+}
+
+/* Forward time of the ops recomputing a plan re-runs (each op once, even
+ * when several units share it), at load n. */
+static double recompute_us(const kiln_compilation *c, const kiln_unit_set *set,
+                           const uint8_t *actions, double n)
+{
+	const kiln_ir_graph *g = c->graph;
+	const kiln_ir_layer *L = &g->layers[set->layer];
+	int32_t n_ops = L->op_end - L->op_begin;
+	uint8_t seen[4096];
+	if (n_ops > (int32_t)sizeof seen)
+		return 0;
+	memset(seen, 0, (size_t)n_ops);
+	double us = 0, nl = set->kind == KILN_LAYER_MOE ? n : 0;
+	for (int32_t u = 0; u < set->n_units; u++) {
+		if (actions[u] != KILN_ACT_RECOMPUTE)
+			continue;
+		for (int32_t k = 0; k < set->units[u].n_closure; k++) {
+			int32_t op = set->units[u].closure[k];
+			if (op < L->op_begin || op >= L->op_end || seen[op - L->op_begin])
+				continue;
+			seen[op - L->op_begin] = 1;
+			us += kiln_cost_op_time_us(g, &g->ops[op], nl);
+		}
+	}
+	return us;
+}
+
+static int cost_of(const kiln_compilation *c, int32_t set, int32_t bucket, const uint8_t *actions,
+                   cost *out)
+{
+	kiln_arena *scratch = kiln_arena_new();
+	if (!scratch)
+		return -1;
+	const kiln_plan_table *t = table(c, set, bucket);
+	int rc = kiln_interleave_exposed(c, t, actions, scratch, &out->exposed_us, &out->serial_us);
+	out->recompute_us = recompute_us(c, &c->sets[set], actions, t->n);
+	kiln_arena_free(scratch);
+	return rc;
+}
+
+/* The stage's k-th set's steady plan (passes/budget.c). */
+static const uint8_t *steady_actions(const kiln_compilation *c, int32_t set)
+{
+	int32_t s = c->sets[set].stage, k = 0;
+	for (int32_t j = 0; j < set; j++)
+		k += c->sets[j].stage == s;
+	int32_t b1 = kiln_plan_bucket_of(c->buckets, c->n_buckets, 1.0);
+	if (b1 >= c->n_buckets)
+		b1 = c->n_buckets - 1;
+	const kiln_plan_table *t = table(c, set, b1);
+	int32_t pt = c->budgets[s].steady_point[k];
+	return c->pool->actions[t->plan[pt]];
+}
+
+static int prepare_static(kiln_sim_policy *p, kiln_arena *a, FILE *err)
+{
+	const kiln_compilation *c = p->c;
+	int32_t ns = c->n_sets, nb = c->n_buckets;
+	p->actions = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)ns);
+	p->costs = kiln_arena_alloc(a, sizeof(cost) * (size_t)ns * (size_t)nb);
+	if (!p->actions || !p->costs)
+		return -1;
+	static const uint8_t keep[KILN_PLAN_MAX_UNITS];
+	for (int32_t k = 0; k < ns; k++) {
+		switch (p->kind) {
+		case KILN_SIM_UNBOUNDED:
+		case KILN_SIM_MINDSPEED:
+			p->actions[k] = keep;
+			break;
+		case KILN_SIM_FULL_RECOMPUTE:
+			p->actions[k] = c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[k]];
+			break;
+		case KILN_SIM_MEGATRON_SELECTIVE:
+			p->actions[k] =
+			    c->pool->actions[c->baselines[KILN_BASELINE_MEGATRON_SELECTIVE].plan[k]];
+			break;
+		case KILN_SIM_STATIC_AGGRESSIVE:
+			p->actions[k] =
+			    c->pool->actions[c->baselines[KILN_BASELINE_STATIC_AGGRESSIVE].plan[k]];
+			break;
+		case KILN_SIM_ADAPIPE:
+			p->actions[k] = c->pool->actions[c->baselines[KILN_BASELINE_ADAPIPE].plan[k]];
+			break;
+		default:
+			p->actions[k] = steady_actions(c, k);
+			break;
+		}
+		for (int32_t b = 0; b < nb; b++) {
+			cost *co = &p->costs[(size_t)k * nb + b];
+			if (p->kind == KILN_SIM_UNBOUNDED) {
+				*co = (cost){0, 0, 0};
+			} else if (cost_of(c, k, b, p->actions[k], co) != 0) {
+				fprintf(err, "kilnc: error: simulate: scheduling %s failed\n",
+				        kiln_sim_policy_name(p->kind));
+				return -1;
+			}
+		}
+	}
+	if (p->kind != KILN_SIM_MINDSPEED)
+		return 0;
+	/* Above 2x: the expert units recomputed (as the full-recompute
+	 * baseline rebuilds them), everything else kept. */
+	p->hot_actions = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)ns);
+	p->hot_costs = kiln_arena_alloc(a, sizeof(cost) * (size_t)ns * (size_t)nb);
+	if (!p->hot_actions || !p->hot_costs)
+		return -1;
+	for (int32_t k = 0; k < ns; k++) {
+		const kiln_unit_set *set = &c->sets[k];
+		const uint8_t *full = c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[k]];
+		uint8_t *hot = kiln_arena_alloc(a, (size_t)set->n_units + 1);
+		if (!hot)
+			return -1;
+		for (int32_t u = 0; u < set->n_units; u++)
+			hot[u] = (set->units[u].flags & KILN_UNIT_EXPERT) ? full[u] : KILN_ACT_KEEP;
+		if (kiln_plan_valid(set, hot) != 0)
+			memcpy(hot, full, (size_t)set->n_units);
+		p->hot_actions[k] = hot;
+		for (int32_t b = 0; b < nb; b++)
+			if (cost_of(c, k, b, hot, &p->hot_costs[(size_t)k * nb + b]) != 0)
+				return -1;
+	}
+	return 0;
+}
+
+int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const kiln_rt *rt,
+                        kiln_arena *a, FILE *err, kiln_sim_policy **out)
+{
+	*out = NULL;
+	kiln_sim_policy *p = kiln_arena_alloc(a, sizeof *p);
+	if (!p)
+		return -1;
+	p->kind = k;
+	p->c = c;
+	p->serial = k == KILN_SIM_KILN_NO_OVERLAP || k == KILN_SIM_KILN_STATIC_SERIAL;
+	if (k == KILN_SIM_KILN || k == KILN_SIM_KILN_NO_OVERLAP || k == KILN_SIM_KILN_NO_OFFLOAD) {
+		p->rt = rt;
+		if (!p->rt) {
+			fprintf(err, "kilnc: error: simulate: policy %s needs its plan blob\n",
+			        kiln_sim_policy_name(k));
+			return -1;
+		}
+		p->frontier_costs =
+		    kiln_arena_alloc(a, sizeof(cost *) * (size_t)(c->pool->n_frontiers + 1));
+		if (!p->frontier_costs)
+			return -1;
+	} else if (prepare_static(p, a, err) != 0) {
+		return -1;
+	}
+	*out = p;
+	return 0;
+}
+
+static void fill(const kiln_sim_policy *p, const kiln_unit_set *set, const uint8_t *actions,
+                 double n, const cost *co, kiln_sim_choice *out)
+{
+	kiln_plan_bytes pb;
+	kiln_plan_bytes_at(set, actions, set->kind == KILN_LAYER_MOE ? n : 0, &pb);
+	double ex = p->serial ? co->serial_us : co->exposed_us;
+	double rec = co->recompute_us < ex ? co->recompute_us : ex;
+	/* Whole bytes, as a device holds them (and as accounting counts). */
+	*out = (kiln_sim_choice){.resident_bytes = ceil(pb.resident - 1e-6),
+	                         .transient_bytes = ceil(pb.transient - 1e-6),
+	                         .exposed_us = ex,
+	                         .recompute_us = rec,
+	                         .copy_us = ex - rec};
+}
+
+void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer, double n,
+                            double free_bytes, uint32_t pending, uint32_t microbatch,
+                            kiln_sim_choice *out)
+{
+	const kiln_compilation *c = p->c;
+	const kiln_unit_set *S = &c->sets[set];
+	double bal = S->kind == KILN_LAYER_MOE ? c->graph->layers[S->layer].n_balanced : 0;
+	double r = bal > 0 ? n / bal : 0;
+	int32_t b = kiln_plan_bucket_of(c->buckets, c->n_buckets, r);
+	if (b >= c->n_buckets)
+		b = c->n_buckets - 1;
+	if (!p->rt) {
+		if (p->kind == KILN_SIM_MINDSPEED && r > 2.0)
+			fill(p, S, p->hot_actions[set], n, &p->hot_costs[(size_t)set * c->n_buckets + b],
+			     out);
+		else
+			fill(p, S, p->actions[set], n, &p->costs[(size_t)set * c->n_buckets + b], out);
+		return;
+	}
+	kiln_query q = {.stage = S->stage,
+	                .layer = layer,
+	                .total_rows = (uint64_t)ceil(n - 1e-9),
+	                .free_bytes = free_bytes > 0 ? (uint64_t)free_bytes : 0,
+	                .pending = pending,
+	                .microbatch = microbatch};
+	kiln_plan plan;
+	if (kiln_rt_select(p->rt, &q, &plan) != 0) {
+		*out = (kiln_sim_choice){.over_budget = 1};
+		return;
+	}
+	/* The plan's cost at the bucket, by its frontier point (the blob and
+	 * the compilation number plans alike). */
+	const kiln_plan_table *t = table(c, set, plan.bucket);
+	cost co = {plan.exposed_us, plan.exposed_us, 0};
+	int32_t k = 0;
+	while (k < t->n_points && t->plan[k] != plan.plan)
+		k++;
+	if (k < t->n_points && p->frontier_costs) {
+		cost **fcs = p->frontier_costs;
+		int32_t fid = t->frontier_id;
+		if (!fcs[fid]) {
+			/* Computed on first use; the policy is not shared between
+			 * threads (kiln_sim_run runs one policy at a time). */
+			fcs[fid] = calloc((size_t)t->frontier->n_points, sizeof(cost));
+			if (fcs[fid])
+				for (int32_t i = 0; i < t->frontier->n_points; i++)
+					fcs[fid][i].exposed_us = NAN;
+		}
+		cost *slot = fcs[fid] ? &fcs[fid][t->point[k]] : NULL;
+		if (slot && isnan(slot->exposed_us)) {
+			cost fresh;
+			if (cost_of(c, set, plan.bucket, c->pool->actions[plan.plan], &fresh) == 0) {
+				*slot = fresh;
+				slot->exposed_us = plan.exposed_us; /* what the tables rank by */
+			}
+		}
+		if (slot && !isnan(slot->exposed_us))
+			co = *slot;
+	}
+	fill(p, S, plan.actions, n, &co, out);
+	out->over_budget = (plan.flags & KILN_PLAN_OVER_BUDGET) != 0;
+}
+
+void kiln_sim_policy_free(kiln_sim_policy *p)
+{
+	if (!p || !p->frontier_costs)
+		return;
+	for (int32_t i = 0; i <= p->c->pool->n_frontiers; i++)
+		free(p->frontier_costs[i]);
+}

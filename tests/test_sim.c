@@ -1,0 +1,232 @@
+/* tests/test_sim.c: the simulator's iteration loop and policies (sim/sim.c,
+ * sim/policy.c) and `kilnc simulate`.
+ *
+ * The facts checked hold whatever the numbers: nothing beats infinite
+ * memory; a policy that never fails is never slower than recomputing
+ * everything; the same seed gives the same result; kiln's memory as the
+ * simulator counts it equals what the runtime's accounting API counts; and
+ * the statistical (most-loaded-rank) method bounds the exact per-rank
+ * simulation from below in throughput, within a stated tolerance.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codegen/codegen.h"
+#include "frontend/frontend.h"
+#include "kiln/runtime.h"
+#include "kiln_test.h"
+#include "passes/passes.h"
+#include "sim/sim.h"
+
+typedef struct fixture {
+	kiln_arena *a;
+	kiln_compilation c, c2;
+	kiln_arena *a2;
+	unsigned char *blob, *blob2;
+	kiln_rt *rt, *rt2, *acct;
+} fixture;
+
+static void setup(fixture *f, const char *rel)
+{
+	memset(f, 0, sizeof *f);
+	f->c = kt_compile(rel, KILN_SOLVER_DP, &f->a);
+	size_t len;
+	cr_assert_eq(kiln_blob_build(&f->c, stderr, &f->blob, &len), 0);
+	cr_assert_eq(kiln_rt_open(f->blob, len, &f->rt), 0);
+	cr_assert_eq(kiln_rt_open(f->blob, len, &f->acct), 0);
+	f->a2 = kiln_arena_new();
+	f->c2 = (kiln_compilation){.model = f->c.model, .arena = f->a2, .no_offload = true};
+	cr_assert_eq(kiln_pipeline_compile(&f->c2, NULL, NULL, NULL, stderr), 0);
+	cr_assert_eq(kiln_blob_build(&f->c2, stderr, &f->blob2, &len), 0);
+	cr_assert_eq(kiln_rt_open(f->blob2, len, &f->rt2), 0);
+}
+
+static void teardown(fixture *f)
+{
+	kiln_rt_close(f->rt);
+	kiln_rt_close(f->rt2);
+	kiln_rt_close(f->acct);
+	free(f->blob);
+	free(f->blob2);
+	kiln_arena_free(f->a2);
+	kiln_arena_free(f->a);
+}
+
+static void run(fixture *f, const char *loads, int64_t iters, int exact, kiln_sim_result *out)
+{
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse(loads, f->c.model->max_factor, f->a, stderr, &prof), 0);
+	kiln_sim_policy_kind all[KILN_SIM_POLICY_COUNT];
+	for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++)
+		all[k] = (kiln_sim_policy_kind)k;
+	kiln_sim_config cfg = {.c = &f->c,
+	                       .rt = f->rt,
+	                       .c_no_offload = &f->c2,
+	                       .rt_no_offload = f->rt2,
+	                       .loads = prof,
+	                       .iterations = iters,
+	                       .seed = 7,
+	                       .restart_s = 284,
+	                       .checkpoint_every = 100,
+	                       .exact = exact,
+	                       .acct_rt = f->acct};
+	cr_assert_eq(kiln_sim_run(&cfg, all, KILN_SIM_POLICY_COUNT, f->a, stderr, out), 0);
+}
+
+static const char *const MODELS[] = {"examples/models/tiny.yaml",
+                                     "examples/models/mixtral-8x22b.yaml"};
+static const char *const LOADS[] = {"paper", "hot-rank", "burst", "balanced"};
+
+Test(sim, nothing_beats_unbounded_and_no_failure_free_policy_is_slower_than_full_recompute,
+     .timeout = 300)
+{
+	for (int m = 0; m < 2; m++)
+		for (int l = 0; l < 4; l++) {
+			fixture f;
+			setup(&f, MODELS[m]);
+			kiln_sim_result r[KILN_SIM_POLICY_COUNT];
+			run(&f, LOADS[l], 30, 0, r);
+			const kiln_sim_result *unb = &r[KILN_SIM_UNBOUNDED], *full = &r[KILN_SIM_FULL_RECOMPUTE];
+			cr_assert_eq(unb->ooms, 0);
+			for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
+				cr_assert_leq(unb->iteration_s, r[k].iteration_s * (1 + 1e-12), "%s %s: %s",
+				              MODELS[m], LOADS[l], kiln_sim_policy_name((kiln_sim_policy_kind)k));
+				cr_assert_geq(unb->tokens_per_s, r[k].tokens_per_s * (1 - 1e-12));
+				if (r[k].ooms == 0)
+					cr_assert_geq(r[k].tokens_per_s, full->tokens_per_s * (1 - 1e-9),
+					              "%s %s: %s is slower than full-recompute without failing",
+					              MODELS[m], LOADS[l],
+					              kiln_sim_policy_name((kiln_sim_policy_kind)k));
+			}
+			/* kiln never fails within load.max_factor. */
+			cr_assert_eq(r[KILN_SIM_KILN].ooms, 0, "%s %s", MODELS[m], LOADS[l]);
+			teardown(&f);
+		}
+}
+
+Test(sim, same_seed_same_result)
+{
+	fixture f;
+	setup(&f, "examples/models/tiny.yaml");
+	kiln_sim_result r1[KILN_SIM_POLICY_COUNT], r2[KILN_SIM_POLICY_COUNT];
+	run(&f, "paper", 40, 0, r1);
+	run(&f, "paper", 40, 0, r2);
+	for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
+		cr_assert_eq(r1[k].tokens_per_s, r2[k].tokens_per_s);
+		cr_assert_eq(r1[k].ooms, r2[k].ooms);
+		cr_assert_eq(r1[k].recompute_s, r2[k].recompute_s);
+		for (int32_t s = 0; s < r1[k].n_stages; s++)
+			cr_assert_eq(r1[k].peak_bytes[s], r2[k].peak_bytes[s]);
+	}
+	teardown(&f);
+}
+
+/* kiln's bytes, counted by the simulator, equal the runtime's accounting
+ * fed the same events (the check runs at every layer decision). */
+Test(sim, kiln_memory_equals_the_runtime_accounting)
+{
+	for (int m = 0; m < 2; m++) {
+		fixture f;
+		setup(&f, MODELS[m]);
+		kiln_sim_result r[KILN_SIM_POLICY_COUNT];
+		run(&f, "paper", 20, 1, r);
+		cr_assert_gt(r[KILN_SIM_KILN].acct_checks, 100, "%s", MODELS[m]);
+		cr_assert_eq(r[KILN_SIM_KILN].acct_mismatches, 0, "%s", MODELS[m]);
+		teardown(&f);
+	}
+}
+
+/* The statistical method against the exact per-rank simulation: time from
+ * the most loaded rank of every layer (never more optimistic; within 3% in
+ * throughput here), memory from the KILN_SIM_CANDIDATES ranks that carry
+ * the most rows (the same failures, and peaks within 5% below exact). */
+Test(sim, statistical_method_matches_the_exact_simulation, .timeout = 300)
+{
+	for (int m = 0; m < 2; m++)
+		for (int l = 0; l < 4; l++) {
+			fixture f;
+			setup(&f, MODELS[m]);
+			kiln_sim_result ex[KILN_SIM_POLICY_COUNT], st[KILN_SIM_POLICY_COUNT];
+			const char *loads = l == 3 ? "zipf:1.2" : LOADS[l];
+			run(&f, loads, 30, 1, ex);
+			run(&f, loads, 30, 0, st);
+			for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
+				const char *name = kiln_sim_policy_name((kiln_sim_policy_kind)k);
+				cr_assert_eq(st[k].ooms, ex[k].ooms, "%s %s %s", MODELS[m], loads, name);
+				cr_assert_leq(st[k].tokens_per_s, ex[k].tokens_per_s * (1 + 1e-9), "%s %s %s",
+				              MODELS[m], loads, name);
+				cr_assert_geq(st[k].tokens_per_s, ex[k].tokens_per_s * 0.97, "%s %s %s: %g vs %g",
+				              MODELS[m], loads, name, st[k].tokens_per_s, ex[k].tokens_per_s);
+				for (int32_t s = 0; s < st[k].n_stages; s++) {
+					cr_assert_leq(st[k].peak_bytes[s], ex[k].peak_bytes[s] * (1 + 1e-12));
+					cr_assert_geq(st[k].peak_bytes[s], ex[k].peak_bytes[s] * 0.95,
+					              "%s %s %s stage %d", MODELS[m], loads, name, s);
+				}
+			}
+			teardown(&f);
+		}
+}
+
+Test(sim, cli_table_json_and_errors)
+{
+	kt_run r = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                          "--policy", "full-recompute,kiln,unbounded",
+	                                          "--iters", "10", "--json", NULL},
+	                    NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kiln_json *doc = kiln_json_parse(r.out, r.out_len);
+	cr_assert_not_null(doc);
+	const kiln_json *ps = kiln_json_get(doc, "policies");
+	cr_assert_eq(kiln_json_size(ps), 3);
+	cr_assert_str_eq(kiln_json_string(kiln_json_get(kiln_json_at(ps, 1), "policy")), "kiln");
+	cr_assert_eq(kiln_json_number(kiln_json_get(kiln_json_at(ps, 0), "vs_full_recompute")), 1);
+	kiln_json_free(doc);
+	kt_run_free(&r);
+	r = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                   "--policy", "kiln", "--iters", "5", NULL},
+	             NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "kiln"), "%s", r.out);
+	kt_run_free(&r);
+	const char *const bad[][8] = {
+	    {"simulate", "MODEL", NULL},
+	    {"simulate", "MODEL", "--policy", "bogus", NULL},
+	    {"simulate", "MODEL", "--policy", "kiln,kiln", NULL},
+	    {"simulate", "MODEL", "--policy", "kiln", "--iters", "0", NULL},
+	    {"simulate", "MODEL", "--policy", "kiln", "--seed", "-3", NULL},
+	    {"simulate", "MODEL", "--policy", "kiln", "--frobnicate", NULL},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		const char *args[9] = {0};
+		for (int k = 0; k < 8 && bad[i][k]; k++)
+			args[k] = strcmp(bad[i][k], "MODEL") == 0 ? kt_src("examples/models/tiny.yaml")
+			                                          : bad[i][k];
+		kt_run x = kt_kilnc(args, NULL);
+		cr_assert_eq(x.status, 2, "case %zu: %s", i, x.err);
+		kt_run_free(&x);
+	}
+	/* A bad load profile and a blob of another model are bad input. */
+	r = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                   "--policy", "kiln", "--loads", "zipf:-1", NULL},
+	             NULL);
+	cr_assert_eq(r.status, 1, "%s", r.err);
+	kt_run_free(&r);
+	char *other = kt_temp_file(".kiln", "", 0);
+	kt_run c = kt_kilnc((const char *const[]){"compile",
+	                                          kt_src("examples/models/llama3-8b-dense.yaml"), "-o",
+	                                          other, NULL},
+	                    NULL);
+	cr_assert_eq(c.status, 0, "%s", c.err);
+	kt_run_free(&c);
+	r = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                   "--policy", "kiln", "--plan", other, NULL},
+	             NULL);
+	cr_assert_eq(r.status, 1, "%s", r.err);
+	cr_assert_not_null(strstr(r.err, "another description"), "%s", r.err);
+	kt_run_free(&r);
+	unlink(other);
+	free(other);
+}

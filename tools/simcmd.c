@@ -1,0 +1,326 @@
+/* tools/simcmd.c: `kilnc simulate`, the policies side by side on one load
+ * pattern (sim/, docs/simulator.md). */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codegen/codegen.h"
+#include "frontend/frontend.h"
+#include "kiln/runtime.h"
+#include "passes/passes.h"
+#include "sim/sim.h"
+#include "tools/tools.h"
+
+static const char HELP_SIMULATE[] =
+	"usage: kilnc simulate MODEL --policy P[,P...] [--plan PLAN.kiln] [--iters N]\n"
+	"                      [--seed S] [--loads PROFILE|FILE.csv] [--exact] [--groups G]\n"
+	"                      [--restart-s SECONDS] [--checkpoint-every N] [--json]\n"
+	"\n"
+	"Replays iterations of MODEL's training through memory policies, side by side\n"
+	"on the same loads: per iteration and EP group the load of every rank for\n"
+	"every micro-batch and MoE layer, each layer's decision with the memory\n"
+	"really free, the pipeline's timing, out-of-memory failures (a restart plus\n"
+	"the progress since the last checkpoint). docs/simulator.md.\n"
+	"\n"
+	"  --policy P,...   unbounded, full-recompute, megatron-selective,\n"
+	"                   static-aggressive, adapipe, mindspeed-threshold, kiln,\n"
+	"                   kiln:no-offload, kiln:no-adaptive, kiln:no-overlap,\n"
+	"                   kiln:no-adaptive+no-overlap, or all\n"
+	"  --plan F         the blob kiln decides with (default: compiled now); it\n"
+	"                   must have been compiled from MODEL (same model hash)\n"
+	"  --iters N        iterations (default 100)\n"
+	"  --seed S         load seed (default 1)\n"
+	"  --loads L        paper (default), balanced, hot-expert, hot-rank, rotating,\n"
+	"                   burst, zipf:ALPHA, or a CSV trace\n"
+	"  --exact          follow every EP rank (default: each group's most loaded)\n"
+	"  --groups G       simulate G of the EP groups (default all)\n"
+	"  --restart-s X    cost of one restart after an out-of-memory failure (284)\n"
+	"  --checkpoint-every N  iterations between checkpoints (100)\n"
+	"  --json           one JSON document (docs/cli.md)\n"
+	"\n"
+	"Exit status 1 for a bad model, blob or trace, 2 for bad arguments.\n"
+	"Progress goes to stderr when stderr is a terminal.\n";
+
+int kilnc_help_simulate(void)
+{
+	fputs(HELP_SIMULATE, stdout);
+	return 0;
+}
+
+static int usage(const char *fmt, const char *arg)
+{
+	fputs("kilnc: error: ", stderr);
+	fprintf(stderr, fmt, arg);
+	fputs("\nTry 'kilnc help simulate'.\n", stderr);
+	return KILNC_EXIT_USAGE;
+}
+
+static int value(const char *name, int argc, char **argv, int *i, const char **out)
+{
+	const char *a = argv[*i];
+	size_t n = strlen(name);
+	if (strncmp(a, name, n) != 0 || (a[n] != '\0' && a[n] != '='))
+		return 0;
+	const char *v = a[n] == '=' ? a + n + 1 : *i + 1 < argc ? argv[++*i] : NULL;
+	if (!v || !*v)
+		return usage("%s needs a value", name);
+	if (*out)
+		return usage("%s given twice", name);
+	*out = v;
+	return 1;
+}
+
+static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+	if (!s || !*s)
+		return -1;
+	errno = 0;
+	char *end;
+	long long v = strtoll(s, &end, 10);
+	if (errno || *end || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* Compiles m (with or without offloading) and builds its blob and handle. */
+static int compile_model(const kiln_model *m, bool no_offload, kiln_arena *a,
+                         kiln_compilation *c, unsigned char **blob, kiln_rt **rt)
+{
+	*c = (kiln_compilation){.model = m, .arena = a, .no_offload = no_offload};
+	if (kiln_pipeline_compile(c, NULL, NULL, NULL, stderr) != 0) {
+		fprintf(stderr, "kilnc: error: compiling %s failed\n", m->name);
+		return KILNC_EXIT_INPUT;
+	}
+	size_t len;
+	if (kiln_blob_build(c, stderr, blob, &len) != 0)
+		return KILNC_EXIT_INPUT;
+	int rc = kiln_rt_open(*blob, len, rt);
+	if (rc != 0) {
+		fprintf(stderr, "kilnc: internal error: the runtime rejects the blob: %s\n",
+		        kiln_rt_strerror(rc));
+		return KILNC_EXIT_INPUT;
+	}
+	return KILNC_EXIT_OK;
+}
+
+static void print_bytes(char *buf, size_t n, double v)
+{
+	snprintf(buf, n, "%.2fG", v / 1073741824.0);
+}
+
+int kilnc_simulate(int argc, char **argv)
+{
+	const char *model = NULL, *plan = NULL, *policy = NULL, *iters = NULL, *seed = NULL,
+	           *loads = NULL, *groups = NULL, *restart = NULL, *ckpt = NULL;
+	bool json = false, exact = false;
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		static const char *names[] = {"--plan", "--policy", "--iters", "--seed", "--loads",
+		                              "--groups", "--restart-s", "--checkpoint-every"};
+		const char **slots[] = {&plan, &policy, &iters, &seed, &loads, &groups, &restart, &ckpt};
+		int m = 0;
+		for (int k = 0; k < 8 && m == 0; k++)
+			m = value(names[k], argc, argv, &i, slots[k]);
+		if (m == KILNC_EXIT_USAGE)
+			return m;
+		if (m)
+			continue;
+		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
+			return kilnc_help_simulate();
+		if (strcmp(a, "--json") == 0)
+			json = true;
+		else if (strcmp(a, "--exact") == 0)
+			exact = true;
+		else if (a[0] == '-' && a[1])
+			return usage("unknown option '%s' for 'simulate'", a);
+		else if (!model)
+			model = a;
+		else
+			return usage("'simulate' takes one MODEL, got a second: '%s'", a);
+	}
+	if (!model)
+		return usage("%s", "'simulate' needs a MODEL file");
+	if (!policy)
+		return usage("%s", "'simulate' needs --policy P[,P...] (or --policy all)");
+	kiln_sim_policy_kind kinds[KILN_SIM_POLICY_COUNT];
+	int32_t n = 0;
+	bool need_no_offload = false;
+	if (strcmp(policy, "all") == 0) {
+		for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++)
+			kinds[n++] = (kiln_sim_policy_kind)k;
+	} else {
+		char buf[512];
+		if (strlen(policy) >= sizeof buf)
+			return usage("--policy: list too long: '%s'", policy);
+		strcpy(buf, policy);
+		for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+			int k = kiln_sim_policy_parse(tok);
+			if (k < 0)
+				return usage("--policy: unknown policy '%s' (see kilnc help simulate)", tok);
+			for (int32_t j = 0; j < n; j++)
+				if (kinds[j] == (kiln_sim_policy_kind)k)
+					return usage("--policy: '%s' given twice", tok);
+			kinds[n++] = (kiln_sim_policy_kind)k;
+		}
+	}
+	for (int32_t j = 0; j < n; j++)
+		need_no_offload |= kinds[j] == KILN_SIM_KILN_NO_OFFLOAD;
+	int64_t n_iters = 100, n_seed = 1, n_groups = 0, n_ckpt = 100;
+	double restart_s = 284;
+	if (iters && parse_int(iters, 1, 100000000, &n_iters) != 0)
+		return usage("--iters: not an iteration count (1 to 1e8): '%s'", iters);
+	if (seed && parse_int(seed, 0, INT64_MAX, &n_seed) != 0)
+		return usage("--seed: not a non-negative integer: '%s'", seed);
+	if (groups && parse_int(groups, 1, 1000000, &n_groups) != 0)
+		return usage("--groups: not a group count: '%s'", groups);
+	if (ckpt && parse_int(ckpt, 1, 100000000, &n_ckpt) != 0)
+		return usage("--checkpoint-every: not an iteration count: '%s'", ckpt);
+	if (restart) {
+		char *end;
+		errno = 0;
+		restart_s = strtod(restart, &end);
+		if (errno || *end || !(restart_s >= 0 && restart_s <= 1e9))
+			return usage("--restart-s: not a number of seconds: '%s'", restart);
+	}
+
+	int rc = KILNC_EXIT_INPUT;
+	kiln_arena *a = kiln_arena_new(), *a2 = kiln_arena_new();
+	kiln_model *m = NULL;
+	kiln_compilation c, c2;
+	unsigned char *blob = NULL, *blob2 = NULL, *file_blob = NULL;
+	kiln_rt *rt = NULL, *rt2 = NULL, *file_rt = NULL;
+	kiln_load_profile *prof = NULL;
+	kiln_sim_result *res = NULL;
+	if (!a || !a2) {
+		fprintf(stderr, "kilnc: error: out of memory\n");
+		goto out;
+	}
+	if (kiln_frontend_load_file(model, a, stderr, &m) != KILN_FRONTEND_OK)
+		goto out;
+	if (kiln_load_parse(loads ? loads : "paper", m->max_factor, a, stderr, &prof) != 0)
+		goto out;
+	if ((rc = compile_model(m, false, a, &c, &blob, &rt)) != 0)
+		goto out;
+	rc = KILNC_EXIT_INPUT;
+	if (plan) {
+		int orc = kiln_rt_open_file(plan, &file_rt);
+		if (orc != 0) {
+			fprintf(stderr, "kilnc: error: %s: %s\n", plan, kiln_rt_strerror(orc));
+			goto out;
+		}
+		kiln_rt_info fi;
+		kiln_rt_info_get(file_rt, &fi);
+		if (fi.model_hash != kiln_blob_model_hash(m)) {
+			fprintf(stderr,
+			        "kilnc: error: %s was compiled from another description than %s (model hash "
+			        "%016llx, expected %016llx)\n",
+			        plan, model, (unsigned long long)fi.model_hash,
+			        (unsigned long long)kiln_blob_model_hash(m));
+			goto out;
+		}
+	}
+	if (need_no_offload && (rc = compile_model(m, true, a2, &c2, &blob2, &rt2)) != 0)
+		goto out;
+	rc = KILNC_EXIT_INPUT;
+	res = calloc((size_t)n, sizeof *res);
+	if (!res)
+		goto out;
+	kiln_sim_config cfg = {.c = &c,
+	                       .rt = file_rt ? file_rt : rt,
+	                       .c_no_offload = need_no_offload ? &c2 : NULL,
+	                       .rt_no_offload = rt2,
+	                       .loads = prof,
+	                       .iterations = n_iters,
+	                       .seed = (uint64_t)n_seed,
+	                       .restart_s = restart_s,
+	                       .checkpoint_every = n_ckpt,
+	                       .exact = exact,
+	                       .max_groups = (int32_t)n_groups,
+	                       .progress = isatty(2) ? stderr : NULL};
+	if (kiln_sim_run(&cfg, kinds, n, a, stderr, res) != 0)
+		goto out;
+	/* The baseline for relative throughput: full-recompute when run. */
+	double base = 0;
+	for (int32_t k = 0; k < n; k++)
+		if (res[k].policy == KILN_SIM_FULL_RECOMPUTE)
+			base = res[k].tokens_per_s;
+	int32_t groups_run = (int32_t)(n_groups ? n_groups : 0);
+	if (json) {
+		kiln_json *doc = kiln_json_object();
+		kiln_json_add_string(doc, "model", m->name);
+		kiln_json_add_string(doc, "loads", prof->name);
+		kiln_json_add_number(doc, "iterations", (double)n_iters);
+		kiln_json_add_number(doc, "seed", (double)n_seed);
+		kiln_json_add_bool(doc, "exact", exact);
+		kiln_json_add_number(doc, "restart_s", restart_s);
+		kiln_json_add_number(doc, "checkpoint_every", (double)n_ckpt);
+		kiln_json *ps = kiln_json_add_array(doc, "policies");
+		for (int32_t k = 0; k < n; k++) {
+			const kiln_sim_result *r = &res[k];
+			kiln_json *o = kiln_json_add_object(ps, NULL);
+			kiln_json_add_string(o, "policy", kiln_sim_policy_name(r->policy));
+			kiln_json_add_string(o, "models", kiln_sim_policy_models(r->policy));
+			kiln_json_add_number(o, "tokens_per_s", r->tokens_per_s);
+			if (base > 0)
+				kiln_json_add_number(o, "vs_full_recompute", r->tokens_per_s / base);
+			kiln_json_add_number(o, "iteration_s", r->iteration_s);
+			kiln_json_add_number(o, "total_s", r->total_s);
+			kiln_json_add_number(o, "mfu", r->mfu);
+			kiln_json_add_number(o, "hfu", r->hfu);
+			kiln_json_add_number(o, "ooms", (double)r->ooms);
+			kiln_json_add_number(o, "oom_lost_s", r->oom_lost_s);
+			kiln_json_add_number(o, "exposed_recompute_s", r->recompute_s);
+			kiln_json_add_number(o, "exposed_copy_s", r->copy_s);
+			kiln_json_add_number(o, "over_budget_decisions", (double)r->over_budget);
+			kiln_json *pk = kiln_json_add_array(o, "peak_bytes");
+			for (int32_t s = 0; s < r->n_stages; s++)
+				kiln_json_add_number(pk, NULL, r->peak_bytes[s]);
+		}
+		if (kiln_json_write(doc, stdout) != 0)
+			fprintf(stderr, "kilnc: error: out of memory writing JSON\n");
+		kiln_json_free(doc);
+	} else {
+		(void)groups_run;
+		printf("%s: %lld iterations, loads %s (seed %lld), %s\n", m->name, (long long)n_iters,
+		       prof->name, (long long)n_seed,
+		       exact ? "every EP rank" : "the most loaded EP rank of each group");
+		printf("\n%-28s %12s %7s %10s %6s %6s %5s %10s %10s %9s %9s\n", "policy", "tokens/s",
+		       "vs full", "iter s", "MFU", "HFU", "OOMs", "lost s", "recomp s", "copy s",
+		       "peak");
+		for (int32_t k = 0; k < n; k++) {
+			const kiln_sim_result *r = &res[k];
+			double peak = 0;
+			for (int32_t s = 0; s < r->n_stages; s++)
+				peak = r->peak_bytes[s] > peak ? r->peak_bytes[s] : peak;
+			char pb[32], vs[16] = "-";
+			print_bytes(pb, sizeof pb, peak);
+			if (base > 0)
+				snprintf(vs, sizeof vs, "%.3fx", r->tokens_per_s / base);
+			printf("%-28s %12.0f %7s %10.3f %5.1f%% %5.1f%% %5lld %10.1f %10.2f %9.2f %9s\n",
+			       kiln_sim_policy_name(r->policy), r->tokens_per_s, vs, r->iteration_s,
+			       100 * r->mfu, 100 * r->hfu, (long long)r->ooms, r->oom_lost_s, r->recompute_s,
+			       r->copy_s, pb);
+		}
+		printf("\npeak: the largest device memory of any stage (capacity %.2fG); lost: restarts "
+		       "plus progress since the last checkpoint; recomp, copy: exposed time on the "
+		       "critical path\n",
+		       c.budgets[0].capacity_bytes / 1073741824.0);
+	}
+	rc = KILNC_EXIT_OK;
+out:
+	free(res);
+	kiln_rt_close(rt);
+	kiln_rt_close(rt2);
+	kiln_rt_close(file_rt);
+	free(blob);
+	free(blob2);
+	free(file_blob);
+	kiln_arena_free(a);
+	kiln_arena_free(a2);
+	return rc;
+}
