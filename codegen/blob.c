@@ -239,6 +239,23 @@ static int fail(writer *w, const char *what)
 	return -1;
 }
 
+/* The steady plan's resident bytes at load 1 of one layer of set k on
+ * stage s (passes/budget.c), as the runtime counts them. */
+static uint64_t layer_steady(const kiln_compilation *c, int32_t s, int32_t k)
+{
+	int32_t j = 0;
+	for (int32_t i = 0; i < k; i++)
+		j += c->sets[i].stage == s;
+	int32_t b1 = kiln_plan_bucket_of(c->buckets, c->n_buckets, 1.0);
+	if (b1 >= c->n_buckets)
+		b1 = c->n_buckets - 1;
+	const kiln_plan_table *t = table(c, k, b1);
+	int32_t pt = c->budgets[s].steady_point ? c->budgets[s].steady_point[j] : 0;
+	if (pt < 0 || pt >= t->n_points)
+		pt = 0;
+	return point_resident(t, pt);
+}
+
 static int write_stages_layers(writer *w)
 {
 	const kiln_compilation *c = w->c;
@@ -296,6 +313,18 @@ static int write_stages_layers(writer *w)
 			kiln_blob_layer tmp = recs[i];
 			recs[i] = recs[j];
 			recs[j] = tmp;
+		}
+		/* Fair shares, cumulative in execution order. */
+		uint64_t head = ceil_bytes(bu->fixed_bytes);
+		int32_t b1 = kiln_plan_bucket_of(c->buckets, c->n_buckets, 1.0);
+		if (b1 >= c->n_buckets)
+			b1 = c->n_buckets - 1;
+		for (int32_t i = 0; i < count; i++) {
+			uint64_t steady = layer_steady(c, s, set_of[i]);
+			head += steady;
+			recs[i].head_steady_bytes = head;
+			recs[i].steady_bytes = steady;
+			recs[i].steady_keep_bytes = keep_bytes(table(c, set_of[i], b1));
 		}
 		n_layers += (uint32_t)count;
 		kiln_blob_stage rec = {

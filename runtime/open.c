@@ -164,6 +164,7 @@ static int check_stages_layers(kiln_rt *rt)
 		for (uint32_t i = st->first_layer; i < st->first_layer + st->n_layers; i++) {
 			const kiln_blob_layer *L = &rt->layers[i];
 			if (L->model_layer >= m->n_model_layers || L->set >= rt->count[KILN_SEC_SETS] ||
+			    L->steady_bytes > L->head_steady_bytes ||
 			    rt->sets[L->set].stage != s || rt->layer_index[L->model_layer] >= 0)
 				return KILN_RT_ECORRUPT;
 			rt->layer_index[L->model_layer] = (int32_t)i;

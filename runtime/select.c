@@ -71,6 +71,7 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	 * the micro-batches that start before memory is next freed. */
 	uint64_t free_bytes = q->free_bytes;
 	uint32_t pending = q->pending;
+	uint64_t held_self = q->held_bytes;
 	if (free_bytes == KILN_RT_FREE_FROM_ACCOUNTING) {
 		if (atomic_load(&rt->acct->stage) != q->stage)
 			return KILN_RT_EINVAL;
@@ -89,11 +90,17 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 		uint32_t self = !atomic_load(&rt->acct->mb_device[s]) && !atomic_load(&rt->acct->mb_host[s]);
 		uint32_t counted = open + self;
 		pending = inflight > counted ? inflight - counted : 0;
+		held_self = atomic_load(&rt->acct->mb_device[s]);
 	}
-	/* Pending micro-batches are first kept room for their steady plan (so
-	 * that 1F1B's warm-up does not leave the last of them only their
-	 * floor); when nothing fits that way, only for their floor, which is
-	 * all they need to be safe. */
+	/* Three tries, each a lookup (docs/runtime.md, "Reserve and avail"):
+	 * 0. fair: the micro-batch keeps to its share, the steady plan's bytes
+	 *    through this layer (head_steady_bytes) less what it holds, so that
+	 *    1F1B's steady state does not alternate between micro-batches that
+	 *    grab free memory and micro-batches left short; pending ones are
+	 *    kept room for their steady plan;
+	 * 1. the share dropped (a spike may use whatever is free);
+	 * 2. pending micro-batches kept only their floor, all they need to be
+	 *    safe. */
 	uint64_t base = sat_add(L->tail_floor_bytes, st->transient_bytes);
 	uint64_t roomy = st->steady_bytes > st->floor_bytes ? st->steady_bytes : st->floor_bytes;
 	size_t ti = (size_t)L->set * nb + b;
@@ -103,9 +110,20 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	const kiln_blob_point *pts = &rt->points[t->first_point];
 	uint64_t avail = 0, need = 0;
 	uint32_t lo = 0;
-	for (int pass = pending ? 0 : 1; pass < 2; pass++) {
-		uint64_t reserve = sat_add(base, sat_mul(pending, pass ? st->floor_bytes : roomy));
+	/* The share through this layer, with this layer's part scaled from
+	 * load 1 to this bucket as the keep-everything bytes scale. */
+	double part = L->steady_keep_bytes
+	                  ? (double)L->steady_bytes * ((double)t->keep_bytes / (double)L->steady_keep_bytes)
+	                  : (double)L->steady_bytes;
+	double fair = (double)(L->head_steady_bytes - L->steady_bytes) + part - (double)held_self;
+	uint64_t share = fair > 0 ? (fair < 1.8e19 ? (uint64_t)fair : UINT64_MAX) : 0;
+	for (int pass = 0; pass < 3; pass++) {
+		if (pass == 2 && !pending)
+			break;
+		uint64_t reserve = sat_add(base, sat_mul(pending, pass == 2 ? st->floor_bytes : roomy));
 		avail = free_bytes > reserve ? free_bytes - reserve : 0;
+		if (pass == 0 && avail > share)
+			avail = share;
 		/* Bytes to save round up to the table's quantum; the first point
 		 * that saves that much is the cheapest (points ascend in both). */
 		need = t->keep_bytes > avail ? t->keep_bytes - avail : 0;
@@ -211,6 +229,9 @@ int kiln_rt_layer_get(const kiln_rt *rt, int32_t model_layer, kiln_rt_layer_info
 	    .n_units = (int32_t)S->n_units,
 	    .balanced_rows = S->balanced_rows,
 	    .tail_floor_bytes = L->tail_floor_bytes,
+	    .head_steady_bytes = L->head_steady_bytes,
+	    .steady_bytes = L->steady_bytes,
+	    .steady_keep_bytes = L->steady_keep_bytes,
 	};
 	return 0;
 }

@@ -242,7 +242,7 @@ static void fill(const kiln_sim_policy *p, const kiln_unit_set *set, const uint8
 
 void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer, double n,
                             double free_bytes, uint32_t pending, uint32_t microbatch,
-                            kiln_sim_choice *out)
+                            double held_bytes, kiln_sim_choice *out)
 {
 	const kiln_compilation *c = p->c;
 	const kiln_unit_set *S = &c->sets[set];
@@ -264,7 +264,8 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	                .total_rows = (uint64_t)ceil(n - 1e-9),
 	                .free_bytes = free_bytes > 0 ? (uint64_t)free_bytes : 0,
 	                .pending = pending,
-	                .microbatch = microbatch};
+	                .microbatch = microbatch,
+	                .held_bytes = held_bytes > 0 ? (uint64_t)held_bytes : 0};
 	kiln_plan plan;
 	if (kiln_rt_select(p->rt, &q, &plan) != 0) {
 		*out = (kiln_sim_choice){.over_budget = 1};
@@ -291,10 +292,11 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 		cost *slot = fcs[fid] ? &fcs[fid][t->point[k]] : NULL;
 		if (slot && isnan(slot->exposed_us)) {
 			cost fresh;
-			if (cost_of(c, set, plan.bucket, c->pool->actions[plan.plan], &fresh) == 0) {
+			/* The plan's cost scheduled at this bucket, as the static
+			 * policies' are (the table's figure, which the runtime
+			 * ranks by, was scheduled at the first load using it). */
+			if (cost_of(c, set, plan.bucket, c->pool->actions[plan.plan], &fresh) == 0)
 				*slot = fresh;
-				slot->exposed_us = plan.exposed_us; /* what the tables rank by */
-			}
 		}
 		if (slot && !isnan(slot->exposed_us))
 			co = *slot;

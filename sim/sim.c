@@ -234,14 +234,14 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
 					kiln_sim_choice ch;
 					double free_b = si->capacity - si->static_bytes - others - cur;
 					kiln_sim_policy_decide(pol, li->set, li->model_layer, n, free_b, pending,
-					                       (uint32_t)i, &ch);
+					                       (uint32_t)i, cur, &ch);
 					if (rank < 0 && li->moe_index >= 0) {
 						/* The envelope is a rank hot at this layer only: it
 						 * carries on with what a rank at the mean load keeps. */
 						kiln_sim_choice calm;
 						kiln_sim_policy_decide(pol, li->set, li->model_layer,
 						                       mean * li->n_bal, free_b, pending, (uint32_t)i,
-						                       &calm);
+						                       cur, &calm);
 						ch.resident_bytes = calm.resident_bytes;
 					}
 					cur += ch.resident_bytes;

@@ -232,12 +232,13 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const struct kiln_compilation *c
                         const kiln_rt *rt, kiln_arena *a, FILE *err, kiln_sim_policy **out);
 void kiln_sim_policy_free(kiln_sim_policy *p);
 
-/* One decision: unit set `set` of the compilation (model layer `layer` on
- * stage `stage`) at n local expert rows, with free_bytes free on the device
- * and pending micro-batches still to start (1F1B warm-up). */
+/* One decision: unit set `set` of the compilation (model layer `layer`) at
+ * n local expert rows, with free_bytes free on the device, pending
+ * micro-batches still to start (1F1B warm-up), and held_bytes already held
+ * by this micro-batch on the stage. */
 void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer, double n,
                             double free_bytes, uint32_t pending, uint32_t microbatch,
-                            kiln_sim_choice *out);
+                            double held_bytes, kiln_sim_choice *out);
 
 /* ---------------------------------------------------------------- sim.c */
 

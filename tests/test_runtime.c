@@ -479,7 +479,9 @@ typedef struct brute {
 /* The decision by brute force, from the public per-table figures: the
  * bucket by a linear scan; the reserve from the layer's tail floor, the
  * stage transient and the pending micro-batches at max(steady, floor)
- * bytes, then, when nothing fits, at floor bytes (docs/runtime.md); then
+ * bytes, at most the micro-batch's fair share (head_steady - held); when
+ * nothing fits, without the share; then with pending at floor bytes
+ * (docs/runtime.md); in each try
  * every point of the table: the cheapest whose resident bytes fit (ties to
  * the smaller saving); none: the largest saving, over budget. */
 static brute brute_select(const kiln_rt *rt, const kiln_query *q, uint64_t rows)
@@ -506,13 +508,21 @@ static brute brute_select(const kiln_rt *rt, const kiln_query *q, uint64_t rows)
 	}
 	kiln_rt_table_info ti;
 	kiln_rt_table_get(rt, q->layer, r.bucket, &ti);
-	double per_pending[2] = {(double)(si.steady_bytes > si.floor_bytes ? si.steady_bytes
-	                                                                   : si.floor_bytes),
-	                         (double)si.floor_bytes};
-	for (int pass = 0; pass < 2 && r.plan < 0; pass++) {
+	double roomy = (double)(si.steady_bytes > si.floor_bytes ? si.steady_bytes : si.floor_bytes);
+	double per_pending[3] = {roomy, roomy, (double)si.floor_bytes};
+	/* The share: the steady bytes through this layer, this layer's part
+	 * scaled from load 1 to the bucket as keeping everything scales. */
+	double part = li.steady_keep_bytes ? (double)li.steady_bytes *
+	                                         ((double)ti.keep_bytes / (double)li.steady_keep_bytes)
+	                                   : (double)li.steady_bytes;
+	double fair = (double)(li.head_steady_bytes - li.steady_bytes) + part - (double)q->held_bytes;
+	long double share = fair > 0 ? (long double)(uint64_t)fair : 0;
+	for (int pass = 0; pass < 3 && r.plan < 0; pass++) {
 		long double reserve = (long double)li.tail_floor_bytes +
 		                      (long double)q->pending * per_pending[pass] + si.transient_bytes;
 		long double avail = q->free_bytes > reserve ? q->free_bytes - reserve : 0;
+		if (pass == 0 && avail > share)
+			avail = share;
 		double best = INFINITY;
 		for (int32_t i = 0; i < ti.n_points; i++) {
 			kiln_rt_point p;
@@ -553,7 +563,8 @@ static kiln_query random_query(const kiln_rt *rt, uint32_t *tokens, int32_t n_ex
 	kiln_query q = {.stage = li.stage,
 	                .layer = l,
 	                .free_bytes = rnd64() % (si.capacity_bytes + 1),
-	                .pending = (uint32_t)(rand() % 3 == 0 ? rand() % 4 : 0)};
+	                .pending = (uint32_t)(rand() % 3 == 0 ? rand() % 4 : 0),
+	                .held_bytes = rand() % 2 ? rnd64() % (li.head_steady_bytes + 1) : 0};
 	double r = (double)rand() / RAND_MAX * 1.2 * info.max_factor;
 	uint64_t rows = (uint64_t)(r * (double)li.balanced_rows);
 	if (tokens && rand() % 2) {
@@ -755,6 +766,7 @@ Test(runtime, accounting_counts_and_refuses_negative)
 		cr_assert_eq(kiln_rt_select(rt, &q, &p1), 0);
 		q.free_bytes = 950000;
 		q.pending = mb == 4 ? 1 : 0;
+		q.held_bytes = mb == 4 ? 50000 : 0;
 		cr_assert_eq(kiln_rt_select(rt, &q, &p2), 0);
 		cr_assert_eq(p1.plan, p2.plan, "mb %u", mb);
 		cr_assert_eq(p1.avail_bytes, p2.avail_bytes, "mb %u", mb);

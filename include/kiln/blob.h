@@ -94,6 +94,11 @@ typedef struct kiln_blob_layer {
 	uint32_t model_layer;     /* 0-based model layer number */
 	uint32_t set;             /* SETS index */
 	uint64_t tail_floor_bytes; /* floor of the stage's later layers for this micro-batch */
+	uint64_t head_steady_bytes; /* the micro-batch's fixed bytes plus the steady plan's
+	                               resident bytes at load 1 of the layers up to and
+	                               including this one: its fair share so far */
+	uint64_t steady_bytes;      /* this layer's part of it */
+	uint64_t steady_keep_bytes; /* keep_bytes of this layer's table at load 1 */
 } kiln_blob_layer;
 
 typedef struct kiln_blob_set {

@@ -119,6 +119,9 @@ typedef struct kiln_rt_layer_info {
 	int32_t n_units;
 	uint64_t balanced_rows; /* local expert rows at load factor 1 (0: dense) */
 	uint64_t tail_floor_bytes; /* floor of the stage's later layers, kept free by select */
+	uint64_t head_steady_bytes; /* fair share of a micro-batch through this layer (at load 1) */
+	uint64_t steady_bytes;      /* this layer's part of it */
+	uint64_t steady_keep_bytes; /* the layer's keep-everything bytes at load 1 */
 } kiln_rt_layer_info;
 
 /* Layers are named by their model layer number. */
@@ -182,6 +185,9 @@ typedef struct kiln_query {
 	                           memory is next freed (1F1B warm-up); they are kept room for */
 	uint32_t microbatch;    /* the deciding micro-batch, as given to kiln_rt_acct_record
 	                           (used with KILN_RT_FREE_FROM_ACCOUNTING) */
+	uint64_t held_bytes;    /* device bytes the deciding micro-batch already holds on this
+	                           stage (its fixed activations and earlier layers); taken from
+	                           accounting with KILN_RT_FREE_FROM_ACCOUNTING; 0: unknown */
 } kiln_query;
 
 enum {
@@ -208,10 +214,12 @@ typedef struct kiln_plan {
 /* One decision. Load rounds up to its bucket and the bytes to save round up
  * to the table's quantum, so a plan with neither flag fits: its units' real
  * bytes at these rows <= resident_bytes <= avail_bytes. avail is free memory
- * minus a reserve for work still to come: this micro-batch's later layers
+ * minus a reserve for work still to come (this micro-batch's later layers
  * on the stage at their floor, the stage transient, and each pending
- * micro-batch at the stage's steady bytes; when no plan fits that way, the
- * pending ones are reserved only their floor (docs/runtime.md). With
+ * micro-batch at the stage's steady bytes), and on the first try also at
+ * most the micro-batch's fair share (head_steady_bytes - held_bytes); when
+ * no plan fits, the share is dropped, then the pending micro-batches are
+ * reserved only their floor (docs/runtime.md). With
  * KILN_PLAN_LOAD_BEYOND the figures are the last bucket's and the real bytes
  * may exceed them. Never allocates, never blocks; safe from many threads on
  * one handle; O(n_tokens) plus two table lookups with short scans. */
