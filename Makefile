@@ -12,7 +12,7 @@ BUILD_FUZZ   ?= build-fuzz
 FUZZ_CC      ?= clang-14
 FUZZ_SECONDS ?= 30
 
-.PHONY: all deps build build-asan build-fuzz run test test-plain test-asan fuzz bench clean
+.PHONY: all deps build build-asan build-fuzz run test test-plain test-asan fuzz bench paper clean
 
 all: build
 
@@ -73,6 +73,11 @@ bench: build
 	./$(BUILD)/bench_schedule
 	./$(BUILD)/bench_select
 	./$(BUILD)/bench_compile
+
+# The reported table, reproduced in the simulator (docs/results.md).
+PAPER_ITERS ?= 200
+paper: build
+	./$(BUILD)/bench_paper $(PAPER_ITERS)
 
 clean:
 	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ)

@@ -11,10 +11,13 @@
  * its slowest group. A device over capacity is an out-of-memory failure:
  * a restart plus the progress since the last checkpoint.
  *
- * Exact mode follows every EP rank. The default follows, per group, a
- * virtual rank that takes the largest load of each (micro-batch, layer):
- * time and memory only grow with load, so it bounds every real rank from
- * above (docs/simulator.md, "Scale"; tests compare it with exact mode).
+ * Exact mode follows every EP rank. The default (statistical) method
+ * follows, per group, the KILN_SIM_CANDIDATES ranks with the most rows
+ * exactly, for memory and for the layers where one of them is the most
+ * loaded, and an envelope rank hot at each other layer alone (the layer's
+ * largest load, the memory of a rank at the mean load) for time. Neither
+ * is a bound; tests hold it within 6% of exact mode on small models
+ * (docs/simulator.md, "Scale").
  */
 #include <math.h>
 #include <stdlib.h>
@@ -169,7 +172,6 @@ typedef struct scratch {
 	double *layer_f, *layer_b; /* per (stage, micro-batch, layer): the slowest rank's */
 	double *held;         /* per micro-batch of the current stage: device bytes */
 	double *peak;         /* per stage */
-	double exposed_rec, exposed_copy; /* the slowest rank's, summed on the critical path */
 	int oom;
 	int64_t over_budget;
 	kiln_rt *acct;        /* mirror of the kiln policy's memory, or NULL */

@@ -4,7 +4,8 @@
  *   loads.c     load profiles: per (iteration, micro-batch, layer) the load
  *               factor of every EP rank, deterministic by seed
  *   pipeline.c  1F1B and interleaved pipeline timing and memory over time
- *   (to come: sim.c the iteration loop, policy.c the policies)
+ *   policy.c    the policies: static plans, thresholds, kiln through the runtime
+ *   sim.c       the iteration loop
  *
  * The simulator depends on costmodel/ and ir/, and on the runtime only
  * through include/kiln/runtime.h.
@@ -252,7 +253,7 @@ typedef struct kiln_sim_config {
 	uint64_t seed;
 	double restart_s;           /* an out-of-memory failure's restart (default 284) */
 	int64_t checkpoint_every;   /* iterations between checkpoints (progress since is lost) */
-	int exact;                  /* 1: every EP rank; 0: the most loaded rank of each group */
+	int exact;                  /* 1: every EP rank; 0: the statistical method (sim.c) */
 	int32_t max_groups;         /* EP groups simulated (0: all) */
 	FILE *progress;             /* one line per 10% when set */
 	/* When set (a second handle on cfg->rt's blob), the kiln policy's
@@ -270,7 +271,8 @@ typedef struct kiln_sim_result {
 	double total_s;          /* all iterations, restarts and lost progress included */
 	int64_t ooms;
 	double oom_lost_s;       /* restarts plus lost progress */
-	double recompute_s;      /* exposed recompute, summed over iterations (critical path) */
+	double recompute_s;      /* exposed recompute per micro-batch pass, averaged over stages,
+	                            summed over micro-batches and iterations */
 	double copy_s;           /* exposed copies, likewise */
 	int64_t over_budget;     /* kiln decisions that found nothing fitting */
 	int64_t acct_checks, acct_mismatches; /* with cfg->acct_rt, for kiln */

@@ -36,7 +36,8 @@ static const char HELP_SIMULATE[] =
 	"  --seed S         load seed (default 1)\n"
 	"  --loads L        paper (default), balanced, hot-expert, hot-rank, rotating,\n"
 	"                   burst, zipf:ALPHA, or a CSV trace\n"
-	"  --exact          follow every EP rank (default: each group's most loaded)\n"
+	"  --exact          follow every EP rank (default: the statistical method of\n"
+	"                   docs/simulator.md, \"Scale\")\n"
 	"  --groups G       simulate G of the EP groups (default all)\n"
 	"  --restart-s X    cost of one restart after an out-of-memory failure (284)\n"
 	"  --checkpoint-every N  iterations between checkpoints (100)\n"
@@ -110,7 +111,10 @@ static int compile_model(const kiln_model *m, bool no_offload, kiln_arena *a,
 
 static void print_bytes(char *buf, size_t n, double v)
 {
-	snprintf(buf, n, "%.2fG", v / 1073741824.0);
+	if (v >= 1073741824.0)
+		snprintf(buf, n, "%.2fG", v / 1073741824.0);
+	else
+		snprintf(buf, n, "%.2fM", v / 1048576.0);
 }
 
 int kilnc_simulate(int argc, char **argv)
@@ -192,7 +196,7 @@ int kilnc_simulate(int argc, char **argv)
 	kiln_arena *a = kiln_arena_new(), *a2 = kiln_arena_new();
 	kiln_model *m = NULL;
 	kiln_compilation c, c2;
-	unsigned char *blob = NULL, *blob2 = NULL, *file_blob = NULL;
+	unsigned char *blob = NULL, *blob2 = NULL;
 	kiln_rt *rt = NULL, *rt2 = NULL, *file_rt = NULL;
 	kiln_load_profile *prof = NULL;
 	kiln_sim_result *res = NULL;
@@ -249,7 +253,6 @@ int kilnc_simulate(int argc, char **argv)
 	for (int32_t k = 0; k < n; k++)
 		if (res[k].policy == KILN_SIM_FULL_RECOMPUTE)
 			base = res[k].tokens_per_s;
-	int32_t groups_run = (int32_t)(n_groups ? n_groups : 0);
 	if (json) {
 		kiln_json *doc = kiln_json_object();
 		kiln_json_add_string(doc, "model", m->name);
@@ -259,6 +262,7 @@ int kilnc_simulate(int argc, char **argv)
 		kiln_json_add_bool(doc, "exact", exact);
 		kiln_json_add_number(doc, "restart_s", restart_s);
 		kiln_json_add_number(doc, "checkpoint_every", (double)n_ckpt);
+		kiln_json_add_number(doc, "groups", (double)n_groups); /* 0: all */
 		kiln_json *ps = kiln_json_add_array(doc, "policies");
 		for (int32_t k = 0; k < n; k++) {
 			const kiln_sim_result *r = &res[k];
@@ -285,10 +289,9 @@ int kilnc_simulate(int argc, char **argv)
 			fprintf(stderr, "kilnc: error: out of memory writing JSON\n");
 		kiln_json_free(doc);
 	} else {
-		(void)groups_run;
 		printf("%s: %lld iterations, loads %s (seed %lld), %s\n", m->name, (long long)n_iters,
 		       prof->name, (long long)n_seed,
-		       exact ? "every EP rank" : "the most loaded EP rank of each group");
+		       exact ? "every EP rank followed" : "statistical method (docs/simulator.md)");
 		printf("\n%-28s %12s %7s %10s %6s %6s %5s %10s %10s %9s %9s\n", "policy", "tokens/s",
 		       "vs full", "iter s", "MFU", "HFU", "OOMs", "lost s", "recomp s", "copy s",
 		       "peak");
@@ -306,10 +309,12 @@ int kilnc_simulate(int argc, char **argv)
 			       100 * r->mfu, 100 * r->hfu, (long long)r->ooms, r->oom_lost_s, r->recompute_s,
 			       r->copy_s, pb);
 		}
-		printf("\npeak: the largest device memory of any stage (capacity %.2fG); lost: restarts "
-		       "plus progress since the last checkpoint; recomp, copy: exposed time on the "
-		       "critical path\n",
-		       c.budgets[0].capacity_bytes / 1073741824.0);
+		char cb[32];
+		print_bytes(cb, sizeof cb, c.budgets[0].capacity_bytes);
+		printf("\npeak: the largest device memory of any stage (capacity %s); lost: restarts "
+		       "plus progress since the last checkpoint; recomp, copy: exposed time, averaged "
+		       "over stages, summed over micro-batches and iterations\n",
+		       cb);
 	}
 	rc = KILNC_EXIT_OK;
 out:
@@ -319,7 +324,6 @@ out:
 	kiln_rt_close(file_rt);
 	free(blob);
 	free(blob2);
-	free(file_blob);
 	kiln_arena_free(a);
 	kiln_arena_free(a2);
 	return rc;
