@@ -95,9 +95,12 @@ void kiln_plans_text(const kiln_compilation *c, FILE *out)
 		        kiln_plan_table_exposed_us(tm, tm->n_points - 1) / 1e3);
 	}
 	fprintf(out, "\nbaselines:\n");
-	for (int k = 0; k < KILN_BASELINE_COUNT; k++)
-		fprintf(out, "  %-20s %-13s %s\n", c->baselines[k].name,
-		        c->baselines[k].fits ? "fits at 1" : "OOM at load 1", c->baselines[k].models);
+	for (int k = 0; k < KILN_BASELINE_COUNT; k++) {
+		char state[32];
+		snprintf(state, sizeof state, "%s %g", c->baselines[k].fits ? "fits at" : "OOM at load",
+		         c->baselines[k].design_load);
+		fprintf(out, "  %-20s %-15s %s\n", c->baselines[k].name, state, c->baselines[k].models);
+	}
 }
 
 static void add_actions(kiln_json *obj, const kiln_unit_set *set, const uint8_t *act)

@@ -4,10 +4,18 @@
  * A baseline is one action per unit, the same at every load, chosen before
  * the run. Static plans may recompute through collectives: every rank
  * recomputes alike, so the collective is re-run by the whole group.
+ *
+ * The tuned baselines are tuned for KILN_BASELINE_DESIGN_LOAD, the calm
+ * imbalance a team sees on its most loaded device (the paper profile keeps
+ * 97.1% of iterations below 1.2x), not for a perfectly balanced 1.0 that
+ * no real run has: a plan that fits only at 1.0 would fail at every
+ * iteration, which no team would keep.
  */
 #include <string.h>
 
 #include "passes/passes.h"
+
+#define KILN_BASELINE_DESIGN_LOAD 1.2
 
 static const struct {
 	const char *name;
@@ -17,23 +25,24 @@ static const struct {
     [KILN_BASELINE_FULL_RECOMPUTE] = {"full-recompute",
                                       "Megatron-LM --recompute-granularity full "
                                       "--recompute-method uniform --recompute-num-layers 1",
-                                      1.0},
+                                      KILN_BASELINE_DESIGN_LOAD},
     [KILN_BASELINE_MEGATRON_SELECTIVE] = {"megatron-selective",
                                           "Megatron-Core --recompute-granularity selective "
                                           "--recompute-modules (layernorm, moe_act, core_attn, "
                                           "mla_up_proj, shared_experts: the shortest prefix "
-                                          "that fits at load 1), then "
+                                          "that fits at load 1.2), then "
                                           "--fine-grained-activation-offloading "
-                                          "--offload-modules expert_fc1",
-                                          1.0},
+                                          "--offload-modules expert_fc1; "
+                                          "--recompute-granularity full when none fits",
+                                          KILN_BASELINE_DESIGN_LOAD},
     [KILN_BASELINE_STATIC_AGGRESSIVE] = {"static-aggressive",
                                          "keep nearly everything: Megatron-Core "
                                          "--recompute-modules layernorm only",
                                          1.0},
     [KILN_BASELINE_ADAPIPE] = {"adapipe",
                                "AdaPipe (Sun et al., ASPLOS 2024): per-stage recompute "
-                               "chosen offline by dynamic programming for load 1, no offload",
-                               1.0},
+                               "chosen offline by dynamic programming for load 1.2, no offload",
+                               KILN_BASELINE_DESIGN_LOAD},
 };
 
 const char *kiln_baseline_name(kiln_baseline_kind k)
@@ -84,8 +93,8 @@ static void selective_actions(const kiln_compilation *c, const kiln_unit_set *se
 	}
 }
 
-/* A one-point "table" holding a fixed plan's exact bytes at load 1, so the
- * budget's fit test can judge it. */
+/* A one-point "table" holding a fixed plan's exact bytes at load factor
+ * load, so the budget's fit test can judge it. */
 typedef struct fixed_plan {
 	kiln_plan_table t;
 	kiln_frontier f;
@@ -95,10 +104,10 @@ typedef struct fixed_plan {
 } fixed_plan;
 
 static void fixed_table(const kiln_compilation *c, const kiln_unit_set *set, const uint8_t *actions,
-                        fixed_plan *out)
+                        double load, fixed_plan *out)
 {
 	memset(out, 0, sizeof *out);
-	double n = set->kind == KILN_LAYER_MOE ? c->graph->layers[set->layer].n_balanced : 0;
+	double n = set->kind == KILN_LAYER_MOE ? load * c->graph->layers[set->layer].n_balanced : 0;
 	kiln_plan_bytes_at(set, actions, n, &out->b);
 	out->f.points = &out->p;
 	out->f.n_points = 1;
@@ -109,7 +118,7 @@ static void fixed_table(const kiln_compilation *c, const kiln_unit_set *set, con
 	out->t.bytes = &out->b;
 }
 
-/* Does the selective level fit every stage at load 1? */
+/* Does the selective level fit every stage at the design load? */
 static bool selective_fits(const kiln_compilation *c, int level, uint8_t *scratch)
 {
 	for (int32_t s = 0; s < c->graph->n_stages; s++) {
@@ -121,7 +130,7 @@ static bool selective_fits(const kiln_compilation *c, int level, uint8_t *scratc
 			if (c->sets[i].stage != s)
 				continue;
 			selective_actions(c, &c->sets[i], level, scratch);
-			fixed_table(c, &c->sets[i], scratch, &fp[n]);
+			fixed_table(c, &c->sets[i], scratch, KILN_BASELINE_DESIGN_LOAD, &fp[n]);
 			tabs[n] = &fp[n].t;
 			n++;
 		}
@@ -133,7 +142,7 @@ static bool selective_fits(const kiln_compilation *c, int level, uint8_t *scratc
 }
 
 /* Does a baseline's plan fit every stage with every in-flight micro-batch
- * at its design load (1)? */
+ * at its design load? */
 static bool baseline_fits(const kiln_compilation *c, const kiln_baseline *bl)
 {
 	for (int32_t s = 0; s < c->graph->n_stages; s++) {
@@ -144,7 +153,7 @@ static bool baseline_fits(const kiln_compilation *c, const kiln_baseline *bl)
 		for (int32_t i = 0; i < c->n_sets && n < 8; i++) {
 			if (c->sets[i].stage != s)
 				continue;
-			fixed_table(c, &c->sets[i], c->pool->actions[bl->plan[i]], &fp[n]);
+			fixed_table(c, &c->sets[i], c->pool->actions[bl->plan[i]], bl->design_load, &fp[n]);
 			tabs[n] = &fp[n].t;
 			n++;
 		}
@@ -176,8 +185,9 @@ int kiln_pass_baselines(kiln_compilation *c)
 	/* Megatron: the shortest module prefix that fits every stage at load 1,
 	 * one flag set for the whole job. */
 	int level = 0;
-	while (level < N_MODS - 1 && !selective_fits(c, level, act))
+	while (level < N_MODS && !selective_fits(c, level, act))
 		level++;
+	bool full = level == N_MODS; /* no selective level fits: full recompute */
 
 	kiln_option_flags static_flags = {.offload = false, .collective_recompute = true};
 	for (int32_t i = 0; i < c->n_sets; i++) {
@@ -190,13 +200,18 @@ int kiln_pass_baselines(kiln_compilation *c)
 		selective_actions(c, set, MOD_LAYERNORM, act);
 		c->baselines[KILN_BASELINE_STATIC_AGGRESSIVE].plan[i] =
 		    kiln_plan_pool_add(c->pool, a, set, act);
-		selective_actions(c, set, level, act);
-		c->baselines[KILN_BASELINE_MEGATRON_SELECTIVE].plan[i] =
-		    kiln_plan_pool_add(c->pool, a, set, act);
+		if (full)
+			c->baselines[KILN_BASELINE_MEGATRON_SELECTIVE].plan[i] =
+			    c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[i];
+		else {
+			selective_actions(c, set, level, act);
+			c->baselines[KILN_BASELINE_MEGATRON_SELECTIVE].plan[i] =
+			    kiln_plan_pool_add(c->pool, a, set, act);
+		}
 	}
 
 	/* AdaPipe: per stage, the cheapest recompute-only plan (collectives
-	 * allowed: static) with which the stage fits at load 1. */
+	 * allowed: static) with which the stage fits at the design load. */
 	for (int32_t s = 0; s < c->graph->n_stages; s++) {
 		const kiln_stage_budget *bu = &c->budgets[s];
 		kiln_plan_table tabs_store[8];
@@ -211,8 +226,10 @@ int kiln_pass_baselines(kiln_compilation *c)
 			memset(t, 0, sizeof *t);
 			const kiln_unit_set *set = &c->sets[i];
 			t->set = set;
-			t->load_factor = 1.0;
-			t->n = set->kind == KILN_LAYER_MOE ? c->graph->layers[set->layer].n_balanced : 0;
+			t->load_factor = KILN_BASELINE_DESIGN_LOAD;
+			t->n = set->kind == KILN_LAYER_MOE
+			           ? KILN_BASELINE_DESIGN_LOAD * c->graph->layers[set->layer].n_balanced
+			           : 0;
 			kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
 			if (!f || kiln_pass_options(c->graph, set, t->n, &static_flags, a, &t->instance) != 0 ||
 			    kiln_cost_frontier_dp(&t->instance, a, f) != 0)
