@@ -127,7 +127,7 @@ static const uint8_t *steady_actions(const kiln_compilation *c, int32_t set)
 	return c->pool->actions[t->plan[pt]];
 }
 
-static int prepare_static(kiln_sim_policy *p, kiln_arena *a, FILE *err)
+static int prepare_static(kiln_sim_policy *p, kiln_arena *a)
 {
 	const kiln_compilation *c = p->c;
 	int32_t ns = c->n_sets, nb = c->n_buckets;
@@ -160,16 +160,12 @@ static int prepare_static(kiln_sim_policy *p, kiln_arena *a, FILE *err)
 			p->actions[k] = steady_actions(c, k);
 			break;
 		}
-		for (int32_t b = 0; b < nb; b++) {
-			cost *co = &p->costs[(size_t)k * nb + b];
-			if (p->kind == KILN_SIM_UNBOUNDED) {
-				*co = (cost){0, 0, 0};
-			} else if (cost_of(c, k, b, p->actions[k], co) != 0) {
-				fprintf(err, "kilnc: error: simulate: scheduling %s failed\n",
-				        kiln_sim_policy_name(p->kind));
-				return -1;
-			}
-		}
+		/* Costs are scheduled on first use (NAN until then): a run
+		 * touches few of the buckets. */
+		for (int32_t b = 0; b < nb; b++)
+			p->costs[(size_t)k * nb + b] = p->kind == KILN_SIM_UNBOUNDED
+			                                   ? (cost){0, 0, 0}
+			                                   : (cost){NAN, NAN, NAN};
 	}
 	if (p->kind != KILN_SIM_MINDSPEED)
 		return 0;
@@ -191,8 +187,7 @@ static int prepare_static(kiln_sim_policy *p, kiln_arena *a, FILE *err)
 			memcpy(hot, full, (size_t)set->n_units);
 		p->hot_actions[k] = hot;
 		for (int32_t b = 0; b < nb; b++)
-			if (cost_of(c, k, b, hot, &p->hot_costs[(size_t)k * nb + b]) != 0)
-				return -1;
+			p->hot_costs[(size_t)k * nb + b] = (cost){NAN, NAN, NAN};
 	}
 	return 0;
 }
@@ -218,11 +213,23 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const
 		    kiln_arena_alloc(a, sizeof(cost *) * (size_t)(c->pool->n_frontiers + 1));
 		if (!p->frontier_costs)
 			return -1;
-	} else if (prepare_static(p, a, err) != 0) {
+	} else if (prepare_static(p, a) != 0) {
 		return -1;
 	}
 	*out = p;
 	return 0;
+}
+
+/* A static plan's cost at a bucket, scheduled on first use (the cost
+ * arrays belong to the policy, which one thread uses at a time). A failed
+ * schedule leaves the cost 0 (never reached for a valid compilation). */
+static const cost *static_cost(const kiln_sim_policy *p, cost *costs, const uint8_t *actions,
+                               int32_t set, int32_t b)
+{
+	cost *co = &costs[(size_t)set * p->c->n_buckets + b];
+	if (isnan(co->exposed_us) && cost_of(p->c, set, b, actions, co) != 0)
+		*co = (cost){0, 0, 0};
+	return co;
 }
 
 static void fill(const kiln_sim_policy *p, const kiln_unit_set *set, const uint8_t *actions,
@@ -253,10 +260,11 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 		b = c->n_buckets - 1;
 	if (!p->rt) {
 		if (p->kind == KILN_SIM_MINDSPEED && r > 2.0)
-			fill(p, S, p->hot_actions[set], n, &p->hot_costs[(size_t)set * c->n_buckets + b],
-			     out);
+			fill(p, S, p->hot_actions[set], n,
+			     static_cost(p, p->hot_costs, p->hot_actions[set], set, b), out);
 		else
-			fill(p, S, p->actions[set], n, &p->costs[(size_t)set * c->n_buckets + b], out);
+			fill(p, S, p->actions[set], n, static_cost(p, p->costs, p->actions[set], set, b),
+			     out);
 		return;
 	}
 	kiln_query q = {.stage = S->stage,
