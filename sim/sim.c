@@ -438,6 +438,19 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 				}
 				if (pr.makespan_us > worst[k])
 					worst[k] = pr.makespan_us;
+				/* The last iteration's schedule of the slowest group, for
+				 * kilnc simulate --emit-trace. */
+				if (it == cfg->iterations - 1 && pr.makespan_us >= worst[k]) {
+					size_t n_ops = 2 * (size_t)w.p * (size_t)w.v * (size_t)w.m;
+					kiln_pipe_op *ops = out[k].last_ops;
+					if (!ops)
+						ops = kiln_arena_alloc(a, sizeof(kiln_pipe_op) * n_ops);
+					if (ops) {
+						memcpy(ops, pr.ops, sizeof(kiln_pipe_op) * n_ops);
+						out[k].last_ops = ops;
+						out[k].n_last_ops = (int32_t)n_ops;
+					}
+				}
 				kiln_arena_free(pa);
 				oom[k] |= sc.oom;
 				out[k].over_budget += sc.over_budget;

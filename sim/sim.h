@@ -278,6 +278,9 @@ typedef struct kiln_sim_result {
 	int64_t acct_checks, acct_mismatches; /* with cfg->acct_rt, for kiln */
 	double *peak_bytes;      /* per stage: the largest device memory seen */
 	int32_t n_stages;
+	kiln_pipe_op *last_ops;  /* the last iteration's pipeline schedule (its slowest EP
+	                            group), arena-owned; NULL when none */
+	int32_t n_last_ops;
 } kiln_sim_result;
 
 /* Runs cfg's iterations for each of the n policies. out[n] is filled,

@@ -221,6 +221,43 @@ Test(sim, cli_table_json_and_errors)
 		cr_assert_eq(x.status, 2, "case %zu: %s", i, x.err);
 		kt_run_free(&x);
 	}
+	/* --emit-trace: one complete event per pipeline op of the last
+	 * iteration, 2 * p * m per policy (tiny: pp 2, 1F1B). */
+	char *trace = kt_temp_file(".json", "", 0);
+	r = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                   "--policy", "full-recompute,kiln", "--iters", "3",
+	                                   "--emit-trace", trace, NULL},
+	             NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	FILE *tf = fopen(trace, "r");
+	cr_assert_not_null(tf);
+	char *text = malloc(1 << 20);
+	size_t tlen = fread(text, 1, (1 << 20) - 1, tf);
+	fclose(tf);
+	kiln_json *tdoc = kiln_json_parse(text, tlen);
+	cr_assert_not_null(tdoc, "the trace is JSON");
+	const kiln_json *evs = kiln_json_get(tdoc, "traceEvents");
+	kiln_arena *ta = kiln_arena_new();
+	kiln_model *tm;
+	cr_assert_eq(kiln_frontend_load_file(kt_src("examples/models/tiny.yaml"), ta, stderr, &tm), 0);
+	int complete = 0;
+	for (int i = 0; i < kiln_json_size(evs); i++) {
+		const char *ph = kiln_json_string(kiln_json_get(kiln_json_at(evs, i), "ph"));
+		complete += ph && strcmp(ph, "X") == 0;
+	}
+	cr_assert_eq(complete, 2 * 2 * tm->pp * tm->micro_batches, "%d events", complete);
+	kiln_arena_free(ta);
+	kiln_json_free(tdoc);
+	free(text);
+	unlink(trace);
+	free(trace);
+	r = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                   "--policy", "kiln", "--iters", "2", "--emit-trace",
+	                                   "/nonexistent-dir/t.json", NULL},
+	             NULL);
+	cr_assert_eq(r.status, 1, "%s", r.err);
+	kt_run_free(&r);
 	/* A bad load profile and a blob of another model are bad input. */
 	r = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
 	                                   "--policy", "kiln", "--loads", "zipf:-1", NULL},

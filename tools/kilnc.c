@@ -59,7 +59,7 @@ static const char USAGE[] =
 	"      One runtime decision from the command line.\n"
 	"  simulate MODEL --policy P[,P...] [--plan PLAN.kiln] [--iters N] [--seed S]\n"
 	"           [--loads PROFILE|FILE] [--exact] [--groups G] [--restart-s X]\n"
-	"           [--checkpoint-every N] [--json]\n"
+	"           [--checkpoint-every N] [--json] [--emit-trace F]\n"
 	"      Replay iterations through memory policies side by side.\n"
 	"  viz PLAN.mlir -o OUT.svg|OUT.json\n"
 	"      Redraw the schedules of a plan emitted with --emit-mlir as an SVG\n"

@@ -19,6 +19,7 @@ static const char HELP_SIMULATE[] =
 	"usage: kilnc simulate MODEL --policy P[,P...] [--plan PLAN.kiln] [--iters N]\n"
 	"                      [--seed S] [--loads PROFILE|FILE.csv] [--exact] [--groups G]\n"
 	"                      [--restart-s SECONDS] [--checkpoint-every N] [--json]\n"
+	"                      [--emit-trace F]\n"
 	"\n"
 	"Replays iterations of MODEL's training through memory policies, side by side\n"
 	"on the same loads: per iteration and EP group the load of every rank for\n"
@@ -42,6 +43,9 @@ static const char HELP_SIMULATE[] =
 	"  --restart-s X    cost of one restart after an out-of-memory failure (284)\n"
 	"  --checkpoint-every N  iterations between checkpoints (100)\n"
 	"  --json           one JSON document (docs/cli.md)\n"
+	"  --emit-trace F   the last iteration's pipeline schedule of every policy as\n"
+	"                   Chrome trace JSON (Perfetto): a process per policy, a\n"
+	"                   thread per stage; written whole or not at all\n"
 	"\n"
 	"Exit status 1 for a bad model, blob or trace, 2 for bad arguments.\n"
 	"Progress goes to stderr when stderr is a terminal.\n";
@@ -109,6 +113,71 @@ static int compile_model(const kiln_model *m, bool no_offload, kiln_arena *a,
 	return KILNC_EXIT_OK;
 }
 
+/* The last iteration's schedules as Chrome trace JSON, to a temporary file
+ * beside path renamed into place when complete. Returns 0 or -1
+ * (reported). */
+static int write_trace(const char *path, const kiln_sim_result *res, int32_t n)
+{
+	kiln_json *doc = kiln_json_object();
+	kiln_json_add_string(doc, "displayTimeUnit", "ms");
+	kiln_json *ev = kiln_json_add_array(doc, "traceEvents");
+	for (int32_t k = 0; k < n; k++) {
+		kiln_json *meta = kiln_json_add_object(ev, NULL);
+		kiln_json_add_string(meta, "name", "process_name");
+		kiln_json_add_string(meta, "ph", "M");
+		kiln_json_add_number(meta, "pid", k);
+		kiln_json_add_string(kiln_json_add_object(meta, "args"), "name",
+		                     kiln_sim_policy_name(res[k].policy));
+		for (int32_t s = 0; s < res[k].n_stages; s++) {
+			char name[32];
+			snprintf(name, sizeof name, "stage %d", s);
+			kiln_json *t = kiln_json_add_object(ev, NULL);
+			kiln_json_add_string(t, "name", "thread_name");
+			kiln_json_add_string(t, "ph", "M");
+			kiln_json_add_number(t, "pid", k);
+			kiln_json_add_number(t, "tid", s);
+			kiln_json_add_string(kiln_json_add_object(t, "args"), "name", name);
+		}
+		for (int32_t i = 0; i < res[k].n_last_ops; i++) {
+			const kiln_pipe_op *op = &res[k].last_ops[i];
+			char name[48];
+			snprintf(name, sizeof name, "%s mb %d chunk %d", op->backward ? "B" : "F",
+			         op->microbatch, op->chunk);
+			kiln_json *e = kiln_json_add_object(ev, NULL);
+			kiln_json_add_string(e, "name", name);
+			kiln_json_add_string(e, "cat", op->backward ? "backward" : "forward");
+			kiln_json_add_string(e, "ph", "X");
+			kiln_json_add_number(e, "pid", k);
+			kiln_json_add_number(e, "tid", op->stage);
+			kiln_json_add_number(e, "ts", op->start_us);
+			kiln_json_add_number(e, "dur", op->end_us - op->start_us);
+		}
+	}
+	size_t len = strlen(path);
+	char *tmp = malloc(len + 16);
+	int rc = -1;
+	if (tmp) {
+		memcpy(tmp, path, len);
+		memcpy(tmp + len, ".tmp.XXXXXX", 12);
+		int fd = mkstemp(tmp);
+		FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+		if (f) {
+			int wrc = kiln_json_write(doc, f);
+			if (fclose(f) == 0 && wrc == 0 && rename(tmp, path) == 0)
+				rc = 0;
+		} else if (fd >= 0) {
+			close(fd);
+		}
+		if (rc != 0 && fd >= 0)
+			unlink(tmp);
+	}
+	if (rc != 0)
+		fprintf(stderr, "kilnc: error: cannot write %s: %s\n", path, strerror(errno));
+	free(tmp);
+	kiln_json_free(doc);
+	return rc;
+}
+
 static void print_bytes(char *buf, size_t n, double v)
 {
 	if (v >= 1073741824.0)
@@ -120,15 +189,17 @@ static void print_bytes(char *buf, size_t n, double v)
 int kilnc_simulate(int argc, char **argv)
 {
 	const char *model = NULL, *plan = NULL, *policy = NULL, *iters = NULL, *seed = NULL,
-	           *loads = NULL, *groups = NULL, *restart = NULL, *ckpt = NULL;
+	           *loads = NULL, *groups = NULL, *restart = NULL, *ckpt = NULL, *trace = NULL;
 	bool json = false, exact = false;
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
-		static const char *names[] = {"--plan", "--policy", "--iters", "--seed", "--loads",
-		                              "--groups", "--restart-s", "--checkpoint-every"};
-		const char **slots[] = {&plan, &policy, &iters, &seed, &loads, &groups, &restart, &ckpt};
+		static const char *names[] = {"--plan",   "--policy",    "--iters",
+		                              "--seed",   "--loads",     "--groups",
+		                              "--restart-s", "--checkpoint-every", "--emit-trace"};
+		const char **slots[] = {&plan,  &policy,  &iters, &seed, &loads,
+		                        &groups, &restart, &ckpt, &trace};
 		int m = 0;
-		for (int k = 0; k < 8 && m == 0; k++)
+		for (int k = 0; k < 9 && m == 0; k++)
 			m = value(names[k], argc, argv, &i, slots[k]);
 		if (m == KILNC_EXIT_USAGE)
 			return m;
@@ -247,6 +318,8 @@ int kilnc_simulate(int argc, char **argv)
 	                       .max_groups = (int32_t)n_groups,
 	                       .progress = isatty(2) ? stderr : NULL};
 	if (kiln_sim_run(&cfg, kinds, n, a, stderr, res) != 0)
+		goto out;
+	if (trace && write_trace(trace, res, n) != 0)
 		goto out;
 	/* The baseline for relative throughput: full-recompute when run. */
 	double base = 0;
