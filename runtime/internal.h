@@ -30,8 +30,10 @@ uint32_t kiln_rti_crc32c_portable(uint32_t crc, const void *data, size_t len);
 
 /* open.c, select.c, acct.c */
 
-#define KILN_RTI_BUCKET_SLOTS 256
-#define KILN_RTI_POINT_SLOTS 64
+#define KILN_RTI_BUCKET_SHIFT 8
+#define KILN_RTI_POINT_SHIFT 6
+#define KILN_RTI_BUCKET_SLOTS (1u << KILN_RTI_BUCKET_SHIFT)
+#define KILN_RTI_POINT_SLOTS (1u << KILN_RTI_POINT_SHIFT)
 
 /* Micro-batches accounting tells apart (mb modulo this). */
 #define KILN_RTI_MB_SLOTS 256

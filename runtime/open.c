@@ -335,7 +335,7 @@ static int check_tables(const kiln_rt *rt)
  * j * (v[n-1] + 1) / slots; select starts one entry below its computed slot
  * (so floating-point rounding can only start it early) and scans forward. */
 static void build_lut(const void *base, size_t stride, size_t off, int wide, uint32_t n,
-                      uint32_t slots, uint16_t *lut, double *scale)
+                      uint32_t shift, uint16_t *lut, double *scale)
 {
 	const unsigned char *p = base;
 	uint64_t last;
@@ -346,11 +346,16 @@ static void build_lut(const void *base, size_t stride, size_t off, int wide, uin
 		memcpy(&v, p + (size_t)(n - 1) * stride + off, 4);
 		last = v;
 	}
-	long double span = (long double)last + 1;
-	*scale = (double)((long double)slots / span);
+	uint32_t slots = 1u << shift; /* a power of two: shifts, not divisions */
+	*scale = (double)slots / ((double)last + 1.0);
+	/* low(j) = floor(j * (last + 1) / slots) in integers, without
+	 * overflow: last = q * slots + r. */
+	uint64_t q = last >> shift, r = last & (slots - 1);
 	uint32_t i = 0;
 	for (uint32_t j = 0; j <= slots; j++) {
-		uint64_t low = (uint64_t)((long double)j * span / slots);
+		uint64_t low = j && q > UINT64_MAX / j ? UINT64_MAX : q * j;
+		uint64_t rest = ((r + 1) * j) >> shift;
+		low = low > UINT64_MAX - rest ? UINT64_MAX : low + rest;
 		for (;;) {
 			uint64_t v;
 			if (wide) {
@@ -384,12 +389,12 @@ static int build_luts(kiln_rt *rt)
 	rt->point_lut = rt->bucket_lut + n_sets * (KILN_RTI_BUCKET_SLOTS + 1);
 	for (uint64_t k = 0; k < n_sets; k++)
 		build_lut(&rt->buckets[k * nb], sizeof(kiln_blob_bucket),
-		          offsetof(kiln_blob_bucket, max_rows), 1, nb, KILN_RTI_BUCKET_SLOTS,
+		          offsetof(kiln_blob_bucket, max_rows), 1, nb, KILN_RTI_BUCKET_SHIFT,
 		          rt->bucket_lut + k * (KILN_RTI_BUCKET_SLOTS + 1), &rt->bucket_scale[k]);
 	for (uint64_t t = 0; t < n_tables; t++) {
 		const kiln_blob_table *tb = &rt->tables[t];
 		build_lut(&rt->points[tb->first_point], sizeof(kiln_blob_point),
-		          offsetof(kiln_blob_point, saved_q), 0, tb->n_points, KILN_RTI_POINT_SLOTS,
+		          offsetof(kiln_blob_point, saved_q), 0, tb->n_points, KILN_RTI_POINT_SHIFT,
 		          rt->point_lut + t * (KILN_RTI_POINT_SLOTS + 1), &rt->point_scale[t]);
 	}
 	return 0;
