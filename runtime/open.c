@@ -216,8 +216,10 @@ static int same_units(const kiln_rt *rt, uint32_t a, uint32_t b)
 	for (uint32_t u = 0; u < x->n_units; u++) {
 		const kiln_blob_unit *p = &rt->units[x->first_unit + u];
 		const kiln_blob_unit *q = &rt->units[y->first_unit + u];
+		/* Names by offset: the writer stores each string once, and a
+		 * text comparison would let long names make open quadratic. */
 		if (p->flags != q->flags || p->base_bytes != q->base_bytes ||
-		    p->per_row_bytes != q->per_row_bytes || strcmp(rt->strings + p->name, rt->strings + q->name))
+		    p->per_row_bytes != q->per_row_bytes || p->name != q->name)
 			return 0;
 	}
 	return 1;
@@ -299,10 +301,18 @@ static int check_plans_templates(const kiln_rt *rt)
 }
 
 /* Buckets ascend; tables' points ascend in saving and cost, fit in keep
- * bytes, and name plans over the same units. */
-static int check_tables(const kiln_rt *rt)
+ * bytes, and name plans over the same units. A table's points are either
+ * the next fresh range of POINTS, checked in full, or exactly a range an
+ * earlier table of the same unit class used, checked in O(1) (its last
+ * saving against this table's keep bytes): so every point is checked once,
+ * whatever the number of tables. src[t] receives the table whose range t
+ * uses first (for build_luts); scratch holds 3 * TABLES entries. */
+static int check_tables(const kiln_rt *rt, uint32_t *src, uint32_t *scratch)
 {
 	uint32_t nb = rt->meta->n_buckets;
+	uint32_t *fr_first = scratch, *fr_n = scratch + rt->count[KILN_SEC_TABLES],
+	         *fr_tab = scratch + 2 * rt->count[KILN_SEC_TABLES];
+	uint64_t n_fresh = 0, next = 0;
 	for (uint64_t k = 0; k < rt->count[KILN_SEC_SETS]; k++) {
 		const kiln_blob_set *s = &rt->sets[k];
 		for (uint32_t b = 0; b < nb; b++) {
@@ -311,11 +321,35 @@ static int check_tables(const kiln_rt *rt)
 			    (b > 0 && !(bk->load_factor > bk[-1].load_factor)) ||
 			    (b > 0 && bk->max_rows < bk[-1].max_rows) || (s->kind == 0 && bk->max_rows))
 				return KILN_RT_ECORRUPT;
-			const kiln_blob_table *t = &rt->tables[k * nb + b];
+			uint64_t ti = k * nb + b;
+			const kiln_blob_table *t = &rt->tables[ti];
 			if (t->quantum_bytes == 0 || t->n_points == 0 || t->n_points > UINT16_MAX ||
 			    !range_ok(t->first_point, t->n_points, rt->count[KILN_SEC_POINTS]))
 				return KILN_RT_ECORRUPT;
 			uint64_t max_q = t->keep_bytes / t->quantum_bytes;
+			if (t->first_point != next) {
+				/* A repeat: binary search of the fresh ranges (ascending). */
+				uint64_t lo = 0, hi = n_fresh;
+				while (lo < hi) {
+					uint64_t mid = (lo + hi) / 2;
+					if (fr_first[mid] < t->first_point)
+						lo = mid + 1;
+					else
+						hi = mid;
+				}
+				if (lo == n_fresh || fr_first[lo] != t->first_point ||
+				    fr_n[lo] != t->n_points || rt->unit_class[k] < 0 ||
+				    rt->unit_class[fr_tab[lo] / nb] != rt->unit_class[k] ||
+				    rt->points[t->first_point + t->n_points - 1].saved_q > max_q)
+					return KILN_RT_ECORRUPT;
+				src[ti] = fr_tab[lo];
+				continue;
+			}
+			fr_first[n_fresh] = t->first_point;
+			fr_n[n_fresh] = t->n_points;
+			fr_tab[n_fresh++] = (uint32_t)ti;
+			src[ti] = (uint32_t)ti;
+			next += t->n_points;
 			for (uint32_t p = 0; p < t->n_points; p++) {
 				const kiln_blob_point *pt = &rt->points[t->first_point + p];
 				if (pt->reserved || pt->saved_q > max_q || pt->plan >= rt->count[KILN_SEC_PLANS] ||
@@ -327,7 +361,7 @@ static int check_tables(const kiln_rt *rt)
 			}
 		}
 	}
-	return 0;
+	return next == rt->count[KILN_SEC_POINTS] ? 0 : KILN_RT_ECORRUPT;
 }
 
 /* select's lookup tables (internal.h). Entry j of a table over values
@@ -373,7 +407,7 @@ static void build_lut(const void *base, size_t stride, size_t off, int wide, uin
 	}
 }
 
-static int build_luts(kiln_rt *rt)
+static int build_luts(kiln_rt *rt, const uint32_t *src)
 {
 	uint64_t n_sets = rt->count[KILN_SEC_SETS], n_tables = rt->count[KILN_SEC_TABLES];
 	uint32_t nb = rt->meta->n_buckets;
@@ -393,6 +427,13 @@ static int build_luts(kiln_rt *rt)
 		          rt->bucket_lut + k * (KILN_RTI_BUCKET_SLOTS + 1), &rt->bucket_scale[k]);
 	for (uint64_t t = 0; t < n_tables; t++) {
 		const kiln_blob_table *tb = &rt->tables[t];
+		if (src[t] != t) { /* the same points as an earlier table: the same lookup */
+			memcpy(rt->point_lut + t * (KILN_RTI_POINT_SLOTS + 1),
+			       rt->point_lut + (size_t)src[t] * (KILN_RTI_POINT_SLOTS + 1),
+			       sizeof(uint16_t) * (KILN_RTI_POINT_SLOTS + 1));
+			rt->point_scale[t] = rt->point_scale[src[t]];
+			continue;
+		}
 		build_lut(&rt->points[tb->first_point], sizeof(kiln_blob_point),
 		          offsetof(kiln_blob_point, saved_q), 0, tb->n_points, KILN_RTI_POINT_SHIFT,
 		          rt->point_lut + t * (KILN_RTI_POINT_SLOTS + 1), &rt->point_scale[t]);
@@ -435,8 +476,20 @@ int kiln_rt_open(const void *blob, size_t size, kiln_rt **out)
 		goto fail;
 	classify_sets(rt);
 	if ((rc = check_stages_layers(rt)) != 0 ||
-	    (rc = check_plans_templates(rt)) != 0 || (rc = check_tables(rt)) != 0 ||
-	    (rc = build_luts(rt)) != 0)
+	    (rc = check_plans_templates(rt)) != 0)
+		goto fail;
+	/* Scratch for the tables' checks: per table, its lookup's source and
+	 * the fresh ranges (freed before returning). */
+	uint32_t *tmp = kiln_rti_alloc(sizeof(uint32_t) * 4 * (size_t)rt->count[KILN_SEC_TABLES]);
+	if (!tmp) {
+		rc = KILN_RT_ENOMEM;
+		goto fail;
+	}
+	rc = check_tables(rt, tmp, tmp + rt->count[KILN_SEC_TABLES]);
+	if (rc == 0)
+		rc = build_luts(rt, tmp);
+	kiln_rti_free(tmp);
+	if (rc != 0)
 		goto fail;
 	atomic_init(&rt->acct->stage, -1);
 	atomic_init(&rt->acct->limit_bytes, 0);

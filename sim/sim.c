@@ -313,7 +313,11 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 		return -1;
 	int32_t groups = cfg->max_groups > 0 && cfg->max_groups < w.groups ? cfg->max_groups : w.groups;
 	size_t n_loads = (size_t)w.m * (size_t)(w.n_moe ? w.n_moe : 1) * (size_t)w.ep;
-	double *loads = malloc(sizeof(double) * n_loads);
+	if (n < 1 || n > 64) {
+		fprintf(err, "kilnc: error: simulate: 1 to 64 policies at a time, got %d\n", (int)n);
+		return -1;
+	}
+	double *loads = calloc(n_loads, sizeof(double));
 	double *rows_of = malloc(sizeof(double) * (size_t)w.ep);
 	kiln_sim_policy **pols = calloc((size_t)n, sizeof *pols);
 	size_t n_lay = (size_t)w.p * (size_t)w.m * w.stride;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "codegen/codegen.h"
@@ -160,6 +161,11 @@ static int write_trace(const char *path, const kiln_sim_result *res, int32_t n)
 		memcpy(tmp, path, len);
 		memcpy(tmp + len, ".tmp.XXXXXX", 12);
 		int fd = mkstemp(tmp);
+		/* mkstemp makes the file 0600; give it the mode fopen would. */
+		mode_t mask = umask(0);
+		umask(mask);
+		if (fd >= 0)
+			(void)fchmod(fd, 0666 & ~mask);
 		FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
 		if (f) {
 			int wrc = kiln_json_write(doc, f);
@@ -171,8 +177,10 @@ static int write_trace(const char *path, const kiln_sim_result *res, int32_t n)
 		if (rc != 0 && fd >= 0)
 			unlink(tmp);
 	}
+	int saved = errno;
 	if (rc != 0)
-		fprintf(stderr, "kilnc: error: cannot write %s: %s\n", path, strerror(errno));
+		fprintf(stderr, "kilnc: error: cannot write %s: %s\n", path,
+		        saved ? strerror(saved) : "write failed");
 	free(tmp);
 	kiln_json_free(doc);
 	return rc;
@@ -233,6 +241,8 @@ int kilnc_simulate(int argc, char **argv)
 		if (strlen(policy) >= sizeof buf)
 			return usage("--policy: list too long: '%s'", policy);
 		strcpy(buf, policy);
+		if (policy[0] == ',' || policy[strlen(policy) - 1] == ',' || strstr(policy, ",,"))
+			return usage("--policy: an empty name in '%s'", policy);
 		for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
 			int k = kiln_sim_policy_parse(tok);
 			if (k < 0)
@@ -298,6 +308,15 @@ int kilnc_simulate(int argc, char **argv)
 			        (unsigned long long)kiln_blob_model_hash(m));
 			goto out;
 		}
+		kiln_rt_info ci;
+		kiln_rt_info_get(rt, &ci);
+		if (fi.n_buckets != ci.n_buckets || strcmp(fi.compiler, ci.compiler) != 0) {
+			fprintf(stderr,
+			        "kilnc: error: %s was written by %s with %d load buckets; this kilnc (%s) "
+			        "plans with %d: compile the plan again\n",
+			        plan, fi.compiler, fi.n_buckets, ci.compiler, ci.n_buckets);
+			goto out;
+		}
 	}
 	if (need_no_offload && (rc = compile_model(m, true, a2, &c2, &blob2, &rt2)) != 0)
 		goto out;
@@ -358,9 +377,12 @@ int kilnc_simulate(int argc, char **argv)
 			for (int32_t s = 0; s < r->n_stages; s++)
 				kiln_json_add_number(pk, NULL, r->peak_bytes[s]);
 		}
-		if (kiln_json_write(doc, stdout) != 0)
-			fprintf(stderr, "kilnc: error: out of memory writing JSON\n");
+		int wrc = kiln_json_write(doc, stdout);
 		kiln_json_free(doc);
+		if (wrc != 0) {
+			fprintf(stderr, "kilnc: error: writing the JSON failed\n");
+			goto out;
+		}
 	} else {
 		printf("%s: %lld iterations, loads %s (seed %lld), %s\n", m->name, (long long)n_iters,
 		       prof->name, (long long)n_seed,
