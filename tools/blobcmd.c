@@ -590,25 +590,6 @@ typedef struct select_args {
 	bool json;
 } select_args;
 
-static int value_option(const char *name, int argc, char **argv, int *i, const char **out)
-{
-	const char *a = argv[*i];
-	size_t n = strlen(name);
-	if (strncmp(a, name, n) != 0 || (a[n] != '\0' && a[n] != '='))
-		return 0;
-	const char *v = a[n] == '=' ? a + n + 1 : *i + 1 < argc ? argv[++*i] : NULL;
-	if (!v || !*v) {
-		fprintf(stderr, "kilnc: error: %s needs a value\nTry 'kilnc help select'.\n", name);
-		return KILNC_EXIT_USAGE;
-	}
-	if (*out) {
-		fprintf(stderr, "kilnc: error: %s given twice\nTry 'kilnc help select'.\n", name);
-		return KILNC_EXIT_USAGE;
-	}
-	*out = v;
-	return 1;
-}
-
 static int bad(const char *what, const char *v)
 {
 	fprintf(stderr, "kilnc: error: %s '%s'\nTry 'kilnc help select'.\n", what, v);
@@ -626,7 +607,7 @@ int kilnc_select(int argc, char **argv)
 		                        &o.load, &o.free_arg, &o.pending};
 		int m = 0;
 		for (int k = 0; k < 7 && m == 0; k++)
-			m = value_option(names[k], argc, argv, &i, slots[k]);
+			m = kilnc_option_value(names[k], argc, argv, &i, slots[k]);
 		if (m == KILNC_EXIT_USAGE)
 			return m;
 		if (m)

@@ -203,10 +203,7 @@ typedef struct options {
 	bool help;
 } options;
 
-/* Matches "--NAME F" and "--NAME=F" at argv[*i]; sets *out (advancing *i
- * past F). Returns 1 when matched, 0 when not, EXIT_USAGE (reported) when F
- * is missing or NAME was given before. */
-static int path_option(const char *name, int argc, char **argv, int *i, const char **out)
+int kilnc_option_value(const char *name, int argc, char **argv, int *i, const char **out)
 {
 	const char *a = argv[*i];
 	size_t n = strlen(name);
@@ -214,7 +211,7 @@ static int path_option(const char *name, int argc, char **argv, int *i, const ch
 		return 0;
 	const char *v = a[n] == '=' ? a + n + 1 : *i + 1 < argc ? argv[++*i] : NULL;
 	if (!v || !*v) {
-		usage_error("%s needs a file name", name);
+		usage_error("%s needs a value", name);
 		return EXIT_USAGE;
 	}
 	if (*out) {
@@ -259,11 +256,11 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 				return EXIT_USAGE;
 			}
 		} else if (allow_solver && strncmp(a, "--emit-", 7) == 0) {
-			int m = path_option("--emit-mlir", argc, argv, &i, &out->emit_mlir);
+			int m = kilnc_option_value("--emit-mlir", argc, argv, &i, &out->emit_mlir);
 			if (m == 0)
-				m = path_option("--emit-trace", argc, argv, &i, &out->emit_trace);
+				m = kilnc_option_value("--emit-trace", argc, argv, &i, &out->emit_trace);
 			if (m == 0)
-				m = path_option("--emit-svg", argc, argv, &i, &out->emit_svg);
+				m = kilnc_option_value("--emit-svg", argc, argv, &i, &out->emit_svg);
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 			if (m == 0) {
@@ -282,7 +279,7 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 			}
 			out->blob = argv[++i];
 		} else if (allow_solver && strncmp(a, "--output", 8) == 0) {
-			int m = path_option("--output", argc, argv, &i, &out->blob);
+			int m = kilnc_option_value("--output", argc, argv, &i, &out->blob);
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 			if (m == 0) {
@@ -797,7 +794,7 @@ static int cmd_viz(int argc, char **argv)
 				return EXIT_USAGE;
 			}
 			out = argv[++i];
-		} else if ((m = path_option("--output", argc, argv, &i, &out)) != 0) {
+		} else if ((m = kilnc_option_value("--output", argc, argv, &i, &out)) != 0) {
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 		} else if (a[0] == '-' && a[1] != '\0') {

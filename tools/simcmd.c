@@ -65,21 +65,6 @@ static int usage(const char *fmt, const char *arg)
 	return KILNC_EXIT_USAGE;
 }
 
-static int value(const char *name, int argc, char **argv, int *i, const char **out)
-{
-	const char *a = argv[*i];
-	size_t n = strlen(name);
-	if (strncmp(a, name, n) != 0 || (a[n] != '\0' && a[n] != '='))
-		return 0;
-	const char *v = a[n] == '=' ? a + n + 1 : *i + 1 < argc ? argv[++*i] : NULL;
-	if (!v || !*v)
-		return usage("%s needs a value", name);
-	if (*out)
-		return usage("%s given twice", name);
-	*out = v;
-	return 1;
-}
-
 static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
 	if (!s || !*s)
@@ -208,7 +193,7 @@ int kilnc_simulate(int argc, char **argv)
 		                        &groups, &restart, &ckpt, &trace};
 		int m = 0;
 		for (int k = 0; k < 9 && m == 0; k++)
-			m = value(names[k], argc, argv, &i, slots[k]);
+			m = kilnc_option_value(names[k], argc, argv, &i, slots[k]);
 		if (m == KILNC_EXIT_USAGE)
 			return m;
 		if (m)

@@ -5,6 +5,12 @@
 /* Exit status (docs/cli.md). */
 enum { KILNC_EXIT_OK = 0, KILNC_EXIT_INPUT = 1, KILNC_EXIT_USAGE = 2, KILNC_EXIT_INFEASIBLE = 3 };
 
+/* kilnc.c: matches "--NAME V" and "--NAME=V" at argv[*i]; sets *out
+ * (advancing *i past V). Returns 1 when matched, 0 when not, and
+ * KILNC_EXIT_USAGE (reported on stderr) when V is missing or empty or NAME
+ * was given before. */
+int kilnc_option_value(const char *name, int argc, char **argv, int *i, const char **out);
+
 /* blobcmd.c: `kilnc inspect` and `kilnc select` (arguments after the command
  * name); each returns the exit status. */
 int kilnc_inspect(int argc, char **argv);
