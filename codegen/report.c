@@ -25,6 +25,8 @@ static const char *dtype_name(kiln_dtype d)
 		return "fp16";
 	case KILN_DTYPE_FP8:
 		return "fp8";
+	case KILN_DTYPE_FP32:
+		return "fp32";
 	}
 	return "?";
 }

@@ -830,6 +830,8 @@ kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const 
 /* The enum lists in schema.def are in the order of these C enums. */
 _Static_assert(KILN_ATTN_FLASH == 0 && KILN_ATTN_EAGER == 1, "attention order");
 _Static_assert(KILN_FN_SWIGLU == 0 && KILN_FN_GELU == 1, "activation order");
-_Static_assert(KILN_DTYPE_BF16 == 0 && KILN_DTYPE_FP16 == 1 && KILN_DTYPE_FP8 == 2, "dtype order");
+_Static_assert(KILN_DTYPE_BF16 == 0 && KILN_DTYPE_FP16 == 1 && KILN_DTYPE_FP8 == 2 &&
+                   KILN_DTYPE_FP32 == 3,
+               "dtype order");
 _Static_assert(KILN_OPTIM_ADAM == 0 && KILN_OPTIM_SGD == 1, "optimizer order");
 _Static_assert(KILN_SCHED_1F1B == 0 && KILN_SCHED_INTERLEAVED == 1, "schedule order");

@@ -76,7 +76,7 @@ const char *kiln_ir_collective_name(kiln_collective c)
 
 uint64_t kiln_model_act_bytes(const kiln_model *m)
 {
-	return m->dtype == KILN_DTYPE_FP8 ? 1u : 2u;
+	return m->dtype == KILN_DTYPE_FP8 ? 1u : m->dtype == KILN_DTYPE_FP32 ? 4u : 2u;
 }
 
 /* ---------------------------------------------------------------- builder */

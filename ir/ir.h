@@ -39,7 +39,7 @@ size_t kiln_arena_used(const kiln_arena *a);
 
 typedef enum { KILN_ATTN_FLASH, KILN_ATTN_EAGER } kiln_attention;
 typedef enum { KILN_FN_SWIGLU, KILN_FN_GELU } kiln_fn;
-typedef enum { KILN_DTYPE_BF16, KILN_DTYPE_FP16, KILN_DTYPE_FP8 } kiln_dtype;
+typedef enum { KILN_DTYPE_BF16, KILN_DTYPE_FP16, KILN_DTYPE_FP8, KILN_DTYPE_FP32 } kiln_dtype;
 typedef enum { KILN_OPTIM_ADAM, KILN_OPTIM_SGD } kiln_optimizer;
 typedef enum { KILN_SCHED_1F1B, KILN_SCHED_INTERLEAVED } kiln_schedule;
 
@@ -260,7 +260,7 @@ kiln_op_class kiln_ir_op_kind_class(kiln_op_kind k);
 const char *kiln_ir_layer_kind_name(kiln_layer_kind k);
 /* Printed name of a collective ("all_reduce", ...). */
 const char *kiln_ir_collective_name(kiln_collective c);
-/* Bytes per activation element for the model's dtype (2 for bf16/fp16, 1 for fp8). */
+/* Bytes per activation element for the model's dtype (2 for bf16/fp16, 1 for fp8, 4 for fp32). */
 uint64_t kiln_model_act_bytes(const kiln_model *m);
 
 typedef struct kiln_ir_builder kiln_ir_builder;

@@ -341,6 +341,21 @@ Test(frontend_valid, moe_without_dense_layers_needs_no_ffn_hidden)
 	cr_expect_eq(m->optimizer, KILN_OPTIM_SGD);
 }
 
+/* fp32 activations (the CPU trainer in examples/trainer): 4 bytes per
+ * element, so a layer input of seq 32 x hidden 64 holds 32*64*4 = 8192 bytes. */
+Test(frontend_valid, fp32_activations)
+{
+	kiln_model *m = load_ok("kiln: 1\n"
+	                        "model: {layers: 2, hidden: 64, heads: 4, vocab: 100, seq_len: 32,\n"
+	                        "        moe: {experts: 4, top_k: 1, expert_ffn_hidden: 32}}\n"
+	                        "training: {global_batch: 1, dtype: fp32}\n"
+	                        "parallel: {devices: 1}\n"
+	                        "hardware: h200\n");
+	cr_expect_eq(m->dtype, KILN_DTYPE_FP32);
+	cr_expect_eq(kiln_model_act_bytes(m), 4);
+	cr_expect_eq(kiln_model_act_bytes(m) * (uint64_t)m->seq_len * (uint64_t)m->hidden, 8192);
+}
+
 /* ------------------------------------------------------------ rules */
 
 TestSuite(frontend_rules, .init = setup, .fini = teardown);
@@ -708,12 +723,12 @@ Test(frontend_rules, enums_list_allowed_values)
 {
 	expect_invalid(DENSE_MODEL "  attention: slow\n"
 	                           "  activation: relu\n"
-	                           "training: {global_batch: 1, dtype: fp32, optimizer: lion}\n"
+	                           "training: {global_batch: 1, dtype: fp64, optimizer: lion}\n"
 	                           "parallel: {devices: 1, schedule: gpipe}\n"
 	                           "hardware: bw1000\n",
 	               "m.yaml:9:14: error: attention must be one of flash, eager; got 'slow'");
 	expect_in_diag("m.yaml:10:15: error: activation must be one of swiglu, gelu; got 'relu'");
-	expect_in_diag("m.yaml:11:36: error: dtype must be one of bf16, fp16, fp8; got 'fp32'");
+	expect_in_diag("m.yaml:11:36: error: dtype must be one of bf16, fp16, fp8, fp32; got 'fp64'");
 	expect_in_diag("m.yaml:11:53: error: optimizer must be one of adam, sgd; got 'lion'");
 	expect_in_diag("m.yaml:12:34: error: schedule must be one of 1f1b, interleaved; got "
 	               "'gpipe'");

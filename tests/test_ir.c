@@ -78,6 +78,8 @@ Test(ir_ops, act_bytes)
 	cr_expect_eq(kiln_model_act_bytes(&m), 2);
 	m.dtype = KILN_DTYPE_FP8;
 	cr_expect_eq(kiln_model_act_bytes(&m), 1);
+	m.dtype = KILN_DTYPE_FP32;
+	cr_expect_eq(kiln_model_act_bytes(&m), 4);
 }
 
 /* ---------------------------------------------------------------- builder */
