@@ -73,6 +73,7 @@ bench: build
 	./$(BUILD)/bench_schedule
 	./$(BUILD)/bench_select
 	./$(BUILD)/bench_compile
+	sh bench/trainer.sh $(BUILD)
 
 # The reported table, reproduced in the simulator (docs/results.md).
 PAPER_ITERS ?= 200

@@ -8,8 +8,10 @@ set -eu
 # libamdhip64-5 is HIP's runtime library alone (no hipcc, no headers): the
 # runtime's HIP copy backend loads it with dlopen, and tests/test_copy.c
 # checks that every symbol the backend needs resolves in it.
+# libopenmpi-dev and openmpi-bin (mpicc's headers and libraries, mpirun)
+# build and run the CPU trainer in examples/trainer.
 PACKAGES="build-essential cmake pkg-config libyaml-dev libcjson-dev libglpk-dev \
-libcriterion-dev libmlir-16-dev mlir-16-tools libxml2-utils \
+libcriterion-dev libmlir-16-dev mlir-16-tools libxml2-utils libopenmpi-dev openmpi-bin \
 clang-14 libclang-rt-14-dev libamdhip64-5"
 
 missing=""

@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,34 @@ kt_run kt_kilnc(const char *const *args, const char *stdout_path)
 	close(out_fd);
 	close(err_fd);
 	return r;
+}
+
+int kt_sh(char **out, const char *fmt, ...)
+{
+	char cmd[16384];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(cmd, sizeof cmd - 8, fmt, ap);
+	va_end(ap);
+	cr_assert(n > 0 && (size_t)n < sizeof cmd - 8, "command too long");
+	strcat(cmd, " 2>&1");
+	FILE *p = popen(cmd, "r");
+	cr_assert_not_null(p, "popen %s", cmd);
+	size_t cap = 1 << 16, len = 0, got;
+	char *buf = malloc(cap);
+	cr_assert_not_null(buf);
+	while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+		len += got;
+		if (cap - len < 4096) {
+			cap *= 2;
+			buf = realloc(buf, cap);
+			cr_assert_not_null(buf);
+		}
+	}
+	buf[len] = '\0';
+	int st = pclose(p);
+	*out = buf;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 void kt_run_free(kt_run *r)

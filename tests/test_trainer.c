@@ -1,0 +1,332 @@
+/* tests/test_trainer.c: examples/trainer, the CPU MoE trainer that embeds
+ * the runtime, run under MPI on four processes as a user would run it. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kiln/runtime.h"
+#include "kiln_test.h"
+
+/* Routing spikes on 5 of 20 steps: every token of steps 4 and 11 to experts
+ * 0 and 1 (both on EP rank 0: load factor 2, the model's load.max_factor),
+ * 80% to expert 5 on steps 7 and 15, 60% to experts 2 and 6 on step 18. */
+#define SPIKES "--spike 4,11:1.0:0+1 --spike 7,15:0.8:5 --spike 18:0.6:2+6"
+
+static char *compile_plan(void)
+{
+	char *path = kt_temp_file(".kiln", "", 0);
+	const char *args[] = {"compile", kt_src("examples/trainer/trainer.yaml"), "-o", path, NULL};
+	kt_run r = kt_kilnc(args, NULL);
+	cr_assert_eq(r.status, 0, "kilnc compile trainer.yaml: %s", r.err);
+	kt_run_free(&r);
+	return path;
+}
+
+/* mpirun -np np kiln-trainer --plan plan ARGS. Open MPI's own allocations
+ * are left to the leak suppressions (tests/lsan.supp): they resolve only
+ * with full unwinding and with its components kept loaded. */
+static int trainer(char **out, int np, const char *plan, const char *args)
+{
+	char supp[4096];
+	snprintf(supp, sizeof supp, "%s", kt_src("tests/lsan.supp"));
+	return kt_sh(out,
+	             "env OMPI_MCA_mca_base_component_disable_dlclose=1 "
+	             "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0 "
+	             "LSAN_OPTIONS=suppressions=%s timeout 600 %s --oversubscribe %s -np %d %s "
+	             "--plan %s --quiet %s",
+	             supp, KILN_MPIEXEC, geteuid() == 0 ? "--allow-run-as-root" : "", np,
+	             KILN_TRAINER, plan, args);
+}
+
+typedef struct step_log {
+	char loss_hex[64];
+	char grad_fnv[256];
+	double loss, max_load, decisions, recomputed, offloaded, over_budget;
+} step_log;
+
+static double num_after(const char *line, const char *key)
+{
+	const char *p = strstr(line, key);
+	cr_assert_not_null(p, "no %s in %s", key, line);
+	return strtod(p + strlen(key), NULL);
+}
+
+static void text_between(const char *line, const char *open, char close, char *out, size_t cap)
+{
+	const char *p = strstr(line, open);
+	cr_assert_not_null(p, "no %s in %s", open, line);
+	p += strlen(open);
+	const char *e = strchr(p, close);
+	cr_assert_not_null(e);
+	cr_assert_lt((size_t)(e - p), cap);
+	memcpy(out, p, (size_t)(e - p));
+	out[e - p] = '\0';
+}
+
+/* Reads the trainer's --log (one JSON object per step); returns the steps. */
+static int read_log(const char *path, step_log *out, int cap)
+{
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f, "no log %s", path);
+	char line[4096];
+	int n = 0;
+	while (fgets(line, sizeof line, f)) {
+		cr_assert_lt(n, cap);
+		step_log *s = &out[n++];
+		cr_assert_eq((int)num_after(line, "\"step\": "), n);
+		text_between(line, "\"loss_hex\": \"", '"', s->loss_hex, sizeof s->loss_hex);
+		text_between(line, "\"grad_fnv\": [", ']', s->grad_fnv, sizeof s->grad_fnv);
+		s->loss = num_after(line, "\"loss\": ");
+		s->max_load = num_after(line, "\"max_load\": ");
+		s->decisions = num_after(line, "\"decisions\": ");
+		s->recomputed = num_after(line, "\"recomputed\": ");
+		s->offloaded = num_after(line, "\"offloaded\": ");
+		s->over_budget = num_after(line, "\"over_budget\": ");
+	}
+	fclose(f);
+	return n;
+}
+
+/* Keeping everything in a large arena and following kiln's plans in the
+ * stage's real budget give the same losses and the same gradients, bit for
+ * bit, over 20 steps with spikes: recomputing re-runs the same forward op on
+ * the same bytes, and offloading copies bytes out and back. */
+Test(trainer, kiln_is_bitwise_identical_to_keeping_everything, .timeout = 1800)
+{
+	char *plan = compile_plan();
+	char *keep_log = kt_temp_file(".jsonl", "", 0), *kiln_log = kt_temp_file(".jsonl", "", 0);
+	char args[1024], *out;
+	snprintf(args, sizeof args, "--policy keep --arena 1G --steps 20 " SPIKES " --log %s",
+	         keep_log);
+	int st = trainer(&out, 4, plan, args);
+	cr_assert_eq(st, 0, "keep run failed:\n%s", out);
+	free(out);
+	snprintf(args, sizeof args, "--policy kiln --steps 20 " SPIKES " --log %s", kiln_log);
+	st = trainer(&out, 4, plan, args);
+	cr_assert_eq(st, 0, "kiln run failed:\n%s", out);
+	cr_expect(strstr(out, "0 out-of-memory failures"), "%s", out);
+	free(out);
+
+	step_log k[32], l[32], m[32];
+	cr_assert_eq(read_log(keep_log, k, 32), 20);
+	cr_assert_eq(read_log(kiln_log, l, 32), 20);
+
+	/* kiln's plans here recompute only the cheap norms and offload the
+	 * rest; --policy mixed cycles every action over every unit, so every
+	 * recompute path (attention's two outputs together and alone, the
+	 * residual, the router, the row map, the experts) is compared too. */
+	snprintf(args, sizeof args, "--policy mixed --arena 1G --steps 20 " SPIKES " --log %s",
+	         kiln_log);
+	st = trainer(&out, 4, plan, args);
+	cr_assert_eq(st, 0, "mixed run failed:\n%s", out);
+	free(out);
+	cr_assert_eq(read_log(kiln_log, m, 32), 20);
+	for (int i = 0; i < 20; i++) {
+		cr_expect_str_eq(m[i].loss_hex, k[i].loss_hex, "mixed: loss of step %d", i + 1);
+		cr_expect_str_eq(m[i].grad_fnv, k[i].grad_fnv, "mixed: gradients of step %d",
+		                 i + 1);
+		cr_expect_gt(m[i].recomputed, 200);
+		cr_expect_gt(m[i].offloaded, 200);
+	}
+	double recomputed = 0, offloaded = 0;
+	for (int i = 0; i < 20; i++) {
+		cr_expect_str_eq(l[i].loss_hex, k[i].loss_hex, "loss of step %d", i + 1);
+		cr_expect_str_eq(l[i].grad_fnv, k[i].grad_fnv, "gradients of step %d", i + 1);
+		cr_expect_eq(k[i].decisions, 0); /* keep never asks */
+		/* 2 stages x 2 ranks x 8 micro-batches x 2 layers */
+		cr_expect_eq(l[i].decisions, 64);
+		cr_expect_eq(l[i].over_budget, 0);
+		recomputed += l[i].recomputed;
+		offloaded += l[i].offloaded;
+	}
+	/* The plans did more than keep: the comparison means something. */
+	cr_expect_gt(recomputed, 0);
+	cr_expect_gt(offloaded, 0);
+	/* Steps 4 and 11 send every row to one EP rank: load 2x. */
+	cr_expect_float_eq(l[3].max_load, 2.0, 1e-9);
+	cr_expect_float_eq(l[10].max_load, 2.0, 1e-9);
+	/* It learns: ln 256 = 5.55 at the start, well below after 20 steps. */
+	cr_expect_gt(l[0].loss, 5.0);
+	cr_expect_lt(l[19].loss, l[0].loss - 1.0);
+	unlink(keep_log);
+	unlink(kiln_log);
+	unlink(plan);
+	free(keep_log);
+	free(kiln_log);
+	free(plan);
+}
+
+/* In the stage's real budget (capacity minus static bytes), keeping
+ * everything fits calm steps but overflows on the first spike, with the
+ * out-of-memory message and exit status 3; kiln runs the same steps with
+ * no failure. */
+Test(trainer, spike_overflows_keep_everything_but_not_kiln, .timeout = 1800)
+{
+	char *plan = compile_plan(), *out;
+	int st = trainer(&out, 4, plan, "--policy keep --steps 3");
+	cr_assert_eq(st, 0, "keep-everything should fit calm steps:\n%s", out);
+	free(out);
+
+	st = trainer(&out, 4, plan, "--policy keep --steps 5 " SPIKES);
+	cr_expect_eq(st, 3, "%s", out);
+	cr_expect(strstr(out, "out of memory: step 4 "), "%s", out);
+	cr_expect(strstr(out, "(policy keep)"), "%s", out);
+	cr_expect_null(strstr(out, "kiln-trainer: done"), "%s", out);
+	free(out);
+
+	st = trainer(&out, 4, plan, "--policy kiln --steps 5 " SPIKES);
+	cr_expect_eq(st, 0, "%s", out);
+	cr_expect(strstr(out, "done: 5 steps, 0 out-of-memory failures"), "%s", out);
+	cr_expect_null(strstr(out, "out of memory:"), "%s", out);
+	free(out);
+	unlink(plan);
+	free(plan);
+}
+
+/* Each unit's bytes in the trainer's arena, at every decision of every rank,
+ * against the runtime's prediction (kiln_rt_unit_bytes at the real rows)
+ * and against the cost model's formulas worked by hand for this model
+ * (docs/cost-model.md, "Activations"): fp32 (e = 4), T = 2 x 64 = 128
+ * tokens, h = 64, 4 heads and 2 KV heads of d = 16, E = 8, fe = 128, N the
+ * rows routed to the rank. The trainer also checks that each tensor fills
+ * its block exactly (every word written, nothing past the end). */
+Test(trainer, arena_bytes_equal_the_runtime_prediction, .timeout = 1800)
+{
+	char *plan = compile_plan(), *out;
+	char *prefix = kt_temp_file(".units", "", 0), args[1024];
+	snprintf(args, sizeof args, "--steps 4 --spike 2:1.0:0+1 --spike 3:0.7:6 --unit-log %s",
+	         prefix);
+	int st = trainer(&out, 4, plan, args);
+	cr_assert_eq(st, 0, "%s", out);
+	free(out);
+
+	kiln_rt *rt;
+	cr_assert_eq(kiln_rt_open_file(plan, &rt), 0);
+	const uint64_t hand_base[15] = {4 * 128 * 64,     /* ln1.in      e*T*h */
+	                                4 * 128 * 64,     /* attn.qkv_in e*T*h */
+	                                4 * 128 * 4 * 16, /* attn.q      e*T*a*d */
+	                                4 * 128 * 2 * 16, /* attn.k      e*T*kv*d */
+	                                4 * 128 * 2 * 16, /* attn.v */
+	                                4 * 128 * 4 * 16, /* attn.out    e*T*a*d */
+	                                4 * 4 * 128,      /* attn.lse    4*a*T */
+	                                4 * 128 * 64,     /* ln2.in */
+	                                4 * 128 * 64,     /* moe.in */
+	                                4 * 128 * 8,      /* moe.probs   4*T*E */
+	                                0,
+	                                0,
+	                                0,
+	                                0,
+	                                0};
+	const uint64_t hand_per_row[15] = {0,           0, 0, 0, 0, 0,
+	                                   0,           0, 0, 0, 4, /* moe.perm_idx   4*N */
+	                                   4 * 64,                  /* moe.expert_in  e*N*h */
+	                                   4 * 2 * 128,             /* moe.expert_up  e*N*2fe */
+	                                   4 * 128,                 /* moe.expert_act e*N*fe */
+	                                   4 * 64};                 /* moe.expert_out e*N*h */
+	/* rows[step][mb][layer][dp]: every routed row lands on one of the two
+	 * EP ranks of its stage. */
+	int64_t rows[5][8][4][2];
+	memset(rows, -1, sizeof rows);
+	long lines = 0, max_rows = 0, min_rows = 1 << 30;
+	for (int rank = 0; rank < 4; rank++) {
+		char path[4200];
+		snprintf(path, sizeof path, "%s.%d", prefix, rank);
+		FILE *f = fopen(path, "r");
+		cr_assert_not_null(f, "%s", path);
+		int step, mb, layer, unit, action;
+		long n;
+		unsigned long long bytes;
+		char name[64];
+		while (fscanf(f, "%d %d %d %d %63s %ld %llu %d", &step, &mb, &layer, &unit, name,
+		              &n, &bytes, &action) == 8) {
+			lines++;
+			cr_assert(step >= 1 && step <= 4 && mb >= 0 && mb < 8 && unit >= 0 &&
+			          unit < 15);
+			cr_assert_eq(layer / 2, rank / 2, "rank %d logged layer %d", rank, layer);
+			uint64_t hand = hand_base[unit] + hand_per_row[unit] * (uint64_t)n;
+			cr_expect_eq(bytes, hand, "%s at %ld rows: arena %llu, hand %llu", name, n,
+			             bytes, (unsigned long long)hand);
+			cr_expect_eq(bytes, kiln_rt_unit_bytes(rt, layer, unit, (uint64_t)n),
+			             "%s at %ld rows", name, n);
+			cr_expect(action >= KILN_RT_KEEP && action <= KILN_RT_OFFLOAD);
+			int64_t *slot = &rows[step][mb][layer][rank % 2];
+			cr_expect(*slot < 0 || *slot == n,
+			          "rows differ between units of one layer");
+			*slot = n;
+			max_rows = n > max_rows ? n : max_rows;
+			min_rows = n < min_rows ? n : min_rows;
+		}
+		cr_assert(feof(f), "%s: unreadable line", path);
+		fclose(f);
+		unlink(path);
+	}
+	/* 4 ranks x 4 steps x 8 micro-batches x 2 layers x 15 units */
+	cr_expect_eq(lines, 4 * 4 * 8 * 2 * 15);
+	for (int s = 1; s <= 4; s++)
+		for (int m = 0; m < 8; m++)
+			for (int l = 0; l < 4; l++)
+				/* 2 ranks x 128 tokens x top-2 */
+				cr_expect_eq(rows[s][m][l][0] + rows[s][m][l][1], 512);
+	/* Step 2 sends all 512 rows of a stage to EP rank 0, none to rank 1. */
+	cr_expect_eq(max_rows, 512);
+	cr_expect_eq(min_rows, 0);
+	kiln_rt_close(rt);
+	unlink(plan);
+	unlink(prefix);
+	free(prefix);
+	free(plan);
+}
+
+/* Bad input: a clear message and a non-zero exit, never a hang. */
+Test(trainer, bad_input, .timeout = 900)
+{
+	char *plan = compile_plan(), *out;
+	int st = trainer(&out, 4, plan, "--help");
+	cr_expect_eq(st, 0, "%s", out);
+	cr_expect(strstr(out, "usage: mpirun -np 4 kiln-trainer"), "%s", out);
+	free(out);
+
+	st = trainer(&out, 4, plan, "--policy sometimes");
+	cr_expect_eq(st, 2, "%s", out);
+	cr_expect(strstr(out, "--policy is kiln, keep or mixed, got 'sometimes'"), "%s", out);
+	free(out);
+
+	st = trainer(&out, 4, plan, "--spike 3:1.5:0");
+	cr_expect_eq(st, 2, "%s", out);
+	cr_expect(strstr(out, "fraction must lie in [0, 1]"), "%s", out);
+	free(out);
+
+	st = trainer(&out, 2, plan, "--steps 1");
+	cr_expect_eq(st, 2, "%s", out);
+	cr_expect(strstr(out, "run with 4 processes"), "%s", out);
+	free(out);
+
+	st = trainer(&out, 4, plan, "--data /nonexistent/kiln-text");
+	cr_expect_eq(st, 1, "%s", out);
+	cr_expect(strstr(out, "cannot read training text /nonexistent/kiln-text"), "%s", out);
+	free(out);
+
+	/* A plan compiled for another model. */
+	char *tiny = kt_temp_file(".kiln", "", 0);
+	const char *args[] = {"compile", kt_src("examples/models/tiny.yaml"), "-o", tiny, NULL};
+	kt_run r = kt_kilnc(args, NULL);
+	cr_assert_eq(r.status, 0);
+	kt_run_free(&r);
+	st = trainer(&out, 4, tiny, "--steps 1");
+	cr_expect_eq(st, 1, "%s", out);
+	cr_expect(strstr(out, "is for model 'tiny'"), "%s", out);
+	free(out);
+
+	/* A truncated blob. */
+	cr_assert_eq(truncate(tiny, 1000), 0);
+	st = trainer(&out, 4, tiny, "--steps 1");
+	cr_expect_eq(st, 1, "%s", out);
+	cr_expect(strstr(out, "cannot open plan"), "%s", out);
+	free(out);
+	unlink(tiny);
+	free(tiny);
+	unlink(plan);
+	free(plan);
+}
