@@ -19,6 +19,10 @@ run() {
 }
 keep=$(run --policy keep --arena 1G)
 kiln=$(run --policy kiln)
+if [ -z "$keep" ] || [ -z "$kiln" ]; then
+	echo "bench/trainer.sh: a trainer run failed (keep: '$keep', kiln: '$kiln')" >&2
+	exit 1
+fi
 echo "trainer: $STEPS steps of 2048 tokens, 4 ranks (2 stages x 2 EP), spikes to 2x on 4 steps"
 printf "  %-50s %8s tokens/s\n" "keep everything, 1 GiB arena" "$keep"
 printf "  %-50s %8s tokens/s\n" "kiln, arena = stage capacity - static (3.48 MiB)" "$kiln"

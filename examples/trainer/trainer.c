@@ -29,7 +29,7 @@
 #include "ops.h"
 #include "trainer.h"
 
-enum { EXIT_OK = 0, EXIT_INPUT = 1, EXIT_USAGE = 2, EXIT_OOM = 3 };
+enum { EXIT_OK = 0, EXIT_INPUT = 1, EXIT_USAGE = 2, EXIT_OOM = 3, EXIT_GRAD = 4 };
 enum { POLICY_KILN, POLICY_KEEP, POLICY_MIXED };
 enum { UNIT_NONE, UNIT_HELD, UNIT_OFFLOADED };
 #define TR_MAX_SPIKES 64
@@ -70,6 +70,8 @@ typedef struct layer_run {
 	int32_t send_cnt[TR_EP * TR_LE]; /* rows sent to (rank, local expert) */
 	int32_t recv_cnt[TR_EP * TR_LE]; /* rows received from (rank, local expert) */
 	int32_t n_rows;                  /* received rows */
+	uint64_t resident_bytes;         /* kiln's bound on the units the plan keeps */
+	uint32_t plan_flags;             /* KILN_PLAN_*; the bound holds without them */
 } layer_run;
 
 typedef struct layer_params {
@@ -98,12 +100,13 @@ typedef struct options {
 	spike spikes[TR_MAX_SPIKES];
 	int n_spikes;
 	int quiet;
+	int grad_check;
 	float lr;
 } options;
 
 typedef struct step_stats {
 	uint64_t decisions, keep, recompute, offload, over_budget, beyond;
-	uint64_t offloaded_bytes, recomputed_bytes, max_rows;
+	uint64_t offloaded_bytes, recomputed_bytes, max_rows, resident_checks;
 } step_stats;
 
 typedef struct trainer {
@@ -153,6 +156,30 @@ static _Noreturn void fail(int code, const char *fmt, ...)
 	exit(code);
 }
 
+/* Releases everything the trainer holds and finalises MPI. */
+static void finish(trainer *tr)
+{
+	if (tr->unit_log)
+		fclose(tr->unit_log);
+	tr->unit_log = NULL;
+	kiln_copy_close(tr->ce);
+	tr->ce = NULL;
+	kiln_rt_close(tr->rt);
+	tr->rt = NULL;
+	for (int i = 0; i < tr->n_params; i++) {
+		free(tr->params[i].w);
+		free(tr->params[i].g);
+		free(tr->params[i].m);
+		free(tr->params[i].v);
+	}
+	tr->n_params = 0;
+	free(tr->text);
+	tr->text = NULL;
+	if (tr->comm)
+		tr_comm_finish(tr->comm);
+	tr->comm = NULL;
+}
+
 /* For errors every rank meets alike before training starts (arguments, the
  * plan, the text): rank 0 says why once, and every rank leaves with code. */
 static _Noreturn void fail_all(int code, const char *fmt, ...)
@@ -165,13 +192,8 @@ static _Noreturn void fail_all(int code, const char *fmt, ...)
 		va_end(ap);
 		fputc('\n', stderr);
 	}
-	if (g_tr) {
-		kiln_copy_close(g_tr->ce);
-		kiln_rt_close(g_tr->rt);
-		free(g_tr->text);
-		if (g_tr->comm)
-			tr_comm_finish(g_tr->comm);
-	}
+	if (g_tr)
+		finish(g_tr);
 	exit(code);
 }
 
@@ -185,17 +207,35 @@ static void *xcalloc(size_t n, size_t size)
 
 /* ---------------------------------------------------------------- arena */
 
-static void *act_alloc(trainer *tr, uint32_t mb, uint64_t bytes, int32_t layer, const char *what)
+/* The runtime's accounting API sees every arena event, so that at each
+ * decision its device bytes can be checked against the arena's. */
+static void acct(trainer *tr, uint32_t mb, kiln_acct_event ev, uint64_t bytes)
+{
+	int rc = kiln_rt_acct_record(tr->rt, mb, ev, bytes);
+	if (rc)
+		fail(EXIT_INPUT, "internal error: kiln_rt_acct_record: %s", kiln_rt_strerror(rc));
+}
+
+static void *act_alloc_as(trainer *tr, uint32_t mb, uint64_t bytes, int32_t layer, const char *what,
+                          kiln_acct_event ev)
 {
 	void *p = tr_arena_alloc(&tr->arena, mb, bytes);
 	if (!p)
 		fail(EXIT_OOM,
 		     "out of memory: step %d micro-batch %u layer %d %s needs %" PRIu64
 		     " bytes; the activation arena holds %" PRIu64 " of its %" PRIu64
-		     " bytes (policy %s)",
+		     " bytes (policy %s%s)",
 		     tr->step, mb, layer, what, bytes, tr->arena.used_bytes, tr->arena.cap_bytes,
-		     policy_name(tr->opt.policy));
+		     policy_name(tr->opt.policy),
+		     tr->st.over_budget ? "; kiln returned plans over budget this step" : "");
+	acct(tr, mb, ev, bytes);
 	return p;
+}
+
+/* Bytes written on the device. */
+static void *act_alloc(trainer *tr, uint32_t mb, uint64_t bytes, int32_t layer, const char *what)
+{
+	return act_alloc_as(tr, mb, bytes, layer, what, KILN_ACCT_PRODUCED);
 }
 
 /* ---------------------------------------------------------------- data */
@@ -245,7 +285,7 @@ static void read_text(trainer *tr)
 				break;
 			unsigned char *b = realloc(buf, cap * 2);
 			if (!b)
-				fail_all(EXIT_INPUT, "out of host memory");
+				fail(EXIT_INPUT, "out of host memory");
 			buf = b;
 			cap *= 2;
 		}
@@ -341,7 +381,8 @@ static void route_token(const trainer *tr, uint32_t mb, int32_t layer, int t, co
 		                   (uint64_t)t);
 		if ((double)(h >> 11) * 0x1.0p-53 >= (double)sp->fraction)
 			continue;
-		/* The spike's experts first, then the token's own best others. */
+		/* The spike's experts first, then the token's own best others
+		 * (its top k hold at least k - (spike experts) others). */
 		int32_t pick[TR_TOPK], n = 0;
 		for (int j = 0; j < sp->n_experts && n < TR_TOPK; j++)
 			pick[n++] = sp->experts[j];
@@ -351,15 +392,6 @@ static void route_token(const trainer *tr, uint32_t mb, int32_t layer, int t, co
 				dup |= pick[q] == out[j];
 			if (!dup)
 				pick[n++] = out[j];
-		}
-		/* out[] lacked none of the spike's experts yet more than k-n of
-		 * its own: fill from the ranking past k. */
-		for (int e = 0; n < TR_TOPK && e < TR_E; e++) {
-			int dup = 0;
-			for (int q = 0; q < n; q++)
-				dup |= pick[q] == e;
-			if (!dup)
-				pick[n++] = e;
 		}
 		memcpy(out, pick, sizeof pick);
 		break;
@@ -425,12 +457,21 @@ static void unit_alloc(trainer *tr, uint32_t mb, int32_t layer, layer_run *r, in
 }
 
 /* Releases an arena block, checking that nothing wrote past it. */
-static void act_free(trainer *tr, uint32_t mb, void *p, uint64_t bytes, const char *what)
+static void act_free_as(trainer *tr, uint32_t mb, void *p, uint64_t bytes, const char *what,
+                        kiln_acct_event ev)
 {
+	if (!p)
+		return;
 	if (tr_arena_free(&tr->arena, mb, p, bytes))
 		fail(EXIT_INPUT,
 		     "internal error: a write ran past the end of %s (%" PRIu64 " bytes)", what,
 		     bytes);
+	acct(tr, mb, ev, bytes);
+}
+
+static void act_free(trainer *tr, uint32_t mb, void *p, uint64_t bytes, const char *what)
+{
+	act_free_as(tr, mb, p, bytes, what, KILN_ACCT_FREED);
 }
 
 /* Fails unless unit u's tensor filled its arena block: every word written. */
@@ -451,23 +492,45 @@ static void unit_free(trainer *tr, uint32_t mb, layer_run *r, int u)
 	r->u[u].state = UNIT_NONE;
 }
 
+/* Scratch one produce call needs beyond its unit (at most one block): from
+ * the arena during a recompute, where it is part of the transient kiln
+ * reserves, from the heap in the forward, like the forward's other scratch. */
+typedef struct workspace {
+	trainer *tr;
+	uint32_t mb;
+	int32_t layer;
+	int arena;
+	float *p;
+	uint64_t bytes;
+} workspace;
+
+static float *ws_get(workspace *w, uint64_t bytes)
+{
+	w->bytes = bytes;
+	w->p = w->arena ? act_alloc(w->tr, w->mb, bytes, w->layer, "recompute workspace")
+	                : xcalloc(1, (size_t)bytes);
+	return w->p;
+}
+
+static void ws_put(workspace *w)
+{
+	if (w->arena)
+		act_free(w->tr, w->mb, w->p, w->bytes, "recompute workspace");
+	else
+		free(w->p);
+	w->p = NULL;
+}
+
 /* Computes unit u of micro-batch mb at layer li from its sources, which are
  * held: the forward and a recompute run this same code on the same bytes,
- * so a recomputed unit equals the original bit for bit. Workspace a
- * recompute needs is taken from the arena (it is part of the transient
- * kiln reserves); the forward's comes from the heap like other scratch. */
+ * so a recomputed unit equals the original bit for bit. */
 static void produce(trainer *tr, uint32_t mb, int li, int u, int recompute)
 {
 	layer_run *r = &tr->runs[mb][li];
 	const layer_params *P = &tr->lp[li];
 	int32_t layer = tr->ci.stage * TR_STAGE_LAYERS + li;
 	unit_alloc(tr, mb, layer, r, u);
-	float *ws = NULL;
-	uint64_t ws_bytes = 0;
-#define WS(bytes)                                                                                  \
-	(ws_bytes = (bytes), ws = recompute                                                        \
-	                              ? act_alloc(tr, mb, ws_bytes, layer, "recompute workspace")  \
-	                              : xcalloc(1, (size_t)ws_bytes))
+	workspace ws = {.tr = tr, .mb = mb, .layer = layer, .arena = recompute};
 	switch (u) {
 	case TR_U_QKV_IN:
 		tr_rmsnorm(U(r, TR_U_LN1_IN), P->g1, U(r, u), TR_T, TR_H);
@@ -493,7 +556,7 @@ static void produce(trainer *tr, uint32_t mb, int li, int u, int recompute)
 			unit_alloc(tr, mb, layer, r, other);
 			o = U(r, other);
 		} else {
-			o = WS(unit_bytes(r, other));
+			o = ws_get(&ws, unit_bytes(r, other));
 		}
 		float scratch[2 * TR_S];
 		float *out = u == TR_U_OUT ? U(r, u) : o, *lse = u == TR_U_OUT ? o : U(r, u);
@@ -502,7 +565,7 @@ static void produce(trainer *tr, uint32_t mb, int li, int u, int recompute)
 		break;
 	}
 	case TR_U_LN2_IN: {
-		float *proj = WS(4ull * TR_T * TR_H);
+		float *proj = ws_get(&ws, 4ull * TR_T * TR_H);
 		tr_matmul(U(r, TR_U_OUT), P->wo, proj, TR_T, TR_NH * TR_HD, TR_H);
 		const float *x = U(r, TR_U_LN1_IN);
 		float *y = U(r, u);
@@ -514,7 +577,7 @@ static void produce(trainer *tr, uint32_t mb, int li, int u, int recompute)
 		tr_rmsnorm(U(r, TR_U_LN2_IN), P->g2, U(r, u), TR_T, TR_H);
 		break;
 	case TR_U_PROBS: {
-		float *logits = WS(4ull * TR_T * TR_E);
+		float *logits = ws_get(&ws, 4ull * TR_T * TR_E);
 		tr_matmul(U(r, TR_U_MOE_IN), P->wr, logits, TR_T, TR_H, TR_E);
 		tr_softmax(logits, U(r, u), TR_T, TR_E);
 		break;
@@ -554,13 +617,7 @@ static void produce(trainer *tr, uint32_t mb, int li, int u, int recompute)
 		 * all-to-all: kiln never plans to recompute either. */
 		fail(EXIT_INPUT, "internal error: unit %s cannot be produced here", unit_names[u]);
 	}
-	if (ws) {
-		if (recompute)
-			act_free(tr, mb, ws, ws_bytes, "recompute workspace");
-		else
-			free(ws);
-	}
-#undef WS
+	ws_put(&ws);
 }
 
 /* ---------------------------------------------------------------- decision */
@@ -581,6 +638,14 @@ static void decide(trainer *tr, uint32_t mb, int li)
 {
 	layer_run *r = &tr->runs[mb][li];
 	int32_t layer = tr->ci.stage * TR_STAGE_LAYERS + li;
+	/* kiln's accounting, fed every arena event, must agree with the arena. */
+	kiln_acct ac;
+	kiln_rt_acct_get(tr->rt, &ac);
+	if (ac.device_bytes != tr->arena.used_bytes)
+		fail(EXIT_INPUT,
+		     "internal error: kiln's accounting holds %" PRIu64
+		     " device bytes, the arena %" PRIu64,
+		     ac.device_bytes, tr->arena.used_bytes);
 	if (tr->opt.policy == POLICY_KEEP) {
 		memset(r->action, KILN_RT_KEEP, sizeof r->action);
 		return;
@@ -610,14 +675,21 @@ static void decide(trainer *tr, uint32_t mb, int li)
 	for (int u = 0; u < TR_NU; u++)
 		if (r->u[u].state == UNIT_HELD)
 			made += r->u[u].bytes;
+	/* The head's activations (the last stage's fixed bytes) come after the
+	 * layers: the micro-batch will hold them, so they count as held and are
+	 * kept free. */
+	uint64_t head = tr->ci.stage == tr->ci.pp - 1
+	                    ? TR_HEAD_NORM_IN_BYTES + TR_HEAD_IN_BYTES + TR_HEAD_LOGITS_BYTES
+	                    : 0;
+	uint64_t free_now = tr_arena_free_bytes(&tr->arena) + made;
 	kiln_query q = {.stage = tr->ci.stage,
 	                .layer = layer,
 	                .tokens = rows,
 	                .n_tokens = TR_LE,
-	                .free_bytes = tr_arena_free_bytes(&tr->arena) + made,
+	                .free_bytes = free_now > head ? free_now - head : 0,
 	                .pending = tr->cur_pending,
 	                .microbatch = mb,
-	                .held_bytes = tr->arena.mb_bytes[mb % TR_ARENA_MB_SLOTS] - made};
+	                .held_bytes = tr->arena.mb_bytes[mb % TR_ARENA_MB_SLOTS] - made + head};
 	kiln_plan p;
 	int rc = kiln_rt_select(tr->rt, &q, &p);
 	if (rc)
@@ -637,6 +709,8 @@ static void decide(trainer *tr, uint32_t mb, int li)
 		tr->st.recompute += p.actions[u] == KILN_RT_RECOMPUTE;
 		tr->st.offload += p.actions[u] == KILN_RT_OFFLOAD;
 	}
+	r->resident_bytes = p.resident_bytes;
+	r->plan_flags = p.flags;
 	tr->st.decisions++;
 	tr->st.over_budget += (p.flags & KILN_PLAN_OVER_BUDGET) != 0;
 	tr->st.beyond += (p.flags & KILN_PLAN_LOAD_BEYOND) != 0;
@@ -648,7 +722,6 @@ static void decide(trainer *tr, uint32_t mb, int li)
 static void layer_forward(trainer *tr, uint32_t mb, int li, const float *x, float *y)
 {
 	layer_run *r = &tr->runs[mb][li];
-	const layer_params *P = &tr->lp[li];
 	int32_t layer = tr->ci.stage * TR_STAGE_LAYERS + li;
 	memset(r, 0, sizeof *r);
 	r->n_rows = 0;
@@ -729,8 +802,12 @@ static void layer_forward(trainer *tr, uint32_t mb, int li, const float *x, floa
 			int rc2 = kiln_copy_offload(tr->ce, r->u[u].p, (size_t)r->u[u].bytes,
 			                            &r->u[u].copy_buf, &r->u[u].ev);
 			if (rc2)
-				fail(EXIT_OOM, "offload of %s (%" PRIu64 " bytes): %s",
-				     unit_names[u], r->u[u].bytes, kiln_rt_strerror(rc2));
+				fail(EXIT_OOM,
+				     "out of memory: step %d micro-batch %u layer %d: offload of "
+				     "%s (%" PRIu64
+				     " bytes) refused by the copy engine's host pool: %s",
+				     tr->step, mb, layer, unit_names[u], r->u[u].bytes,
+				     kiln_rt_strerror(rc2));
 			tr->st.offloaded_bytes += r->u[u].bytes;
 		}
 	}
@@ -740,11 +817,22 @@ static void layer_forward(trainer *tr, uint32_t mb, int li, const float *x, floa
 		int rc2 = kiln_copy_wait(tr->ce, r->u[u].ev);
 		if (rc2)
 			fail(EXIT_INPUT, "offload of %s: %s", unit_names[u], kiln_rt_strerror(rc2));
-		act_free(tr, mb, r->u[u].p, r->u[u].bytes, unit_names[u]);
+		act_free_as(tr, mb, r->u[u].p, r->u[u].bytes, unit_names[u], KILN_ACCT_OFFLOADED);
 		r->u[u].p = NULL;
 		r->u[u].state = UNIT_OFFLOADED;
 	}
-	(void)P;
+	/* What the plan keeps is within what kiln said it would keep. */
+	if (tr->opt.policy == POLICY_KILN && !r->plan_flags) {
+		uint64_t kept = 0;
+		for (int u = 0; u < TR_NU; u++)
+			kept += r->u[u].state == UNIT_HELD ? r->u[u].bytes : 0;
+		if (kept > r->resident_bytes)
+			fail(EXIT_INPUT,
+			     "internal error: layer %d keeps %" PRIu64 " bytes, above the %" PRIu64
+			     " kiln_rt_select promised",
+			     layer, kept, r->resident_bytes);
+		tr->st.resident_checks++;
+	}
 }
 
 /* ---------------------------------------------------------------- layer backward */
@@ -759,7 +847,8 @@ static void restore(trainer *tr, uint32_t mb, int li)
 	for (int u = 0; u < TR_NU; u++) {
 		if (r->u[u].state != UNIT_OFFLOADED)
 			continue;
-		r->u[u].p = act_alloc(tr, mb, r->u[u].bytes, layer, unit_names[u]);
+		r->u[u].p =
+		    act_alloc_as(tr, mb, r->u[u].bytes, layer, unit_names[u], KILN_ACCT_RELOADED);
 		int rc = kiln_copy_reload(tr->ce, r->u[u].copy_buf, r->u[u].p, &ev[u]);
 		if (rc)
 			fail(EXIT_INPUT, "reload of %s: %s", unit_names[u], kiln_rt_strerror(rc));
@@ -792,6 +881,11 @@ static void layer_backward(trainer *tr, uint32_t mb, int li, const float *dy, fl
 	/* Token side: each (token, choice) row carries dy and its gate weight. */
 	int32_t expert[TR_T * TR_TOPK], pos[TR_T * TR_TOPK], send_cnt[TR_EP * TR_LE];
 	plan_dispatch(tr, mb, layer, U(r, TR_U_PROBS), expert, pos, send_cnt);
+	if (memcmp(send_cnt, r->send_cnt, sizeof send_cnt))
+		fail(EXIT_INPUT,
+		     "internal error: layer %d of micro-batch %u routes differently in its "
+		     "backward",
+		     layer, mb);
 	const float *probs = U(r, TR_U_PROBS);
 	float *sendbuf = xcalloc((size_t)TR_T * TR_TOPK * W, sizeof(float));
 	float *recvbuf = xcalloc(N * W + 1, sizeof(float));
@@ -1041,9 +1135,13 @@ static uint64_t train_step(trainer *tr)
 		}
 	}
 	tr_comm_wait_sends(tr->comm);
-	if (tr->arena.used_bytes)
-		fail(EXIT_INPUT, "internal error: %" PRIu64 " activation bytes left after the step",
-		     tr->arena.used_bytes);
+	kiln_acct ac;
+	kiln_rt_acct_get(tr->rt, &ac);
+	if (tr->arena.used_bytes || ac.device_bytes || ac.host_bytes)
+		fail(EXIT_INPUT,
+		     "internal error: %" PRIu64 " activation bytes left after the step "
+		     "(kiln's accounting: %" PRIu64 " on the device, %" PRIu64 " on the host)",
+		     tr->arena.used_bytes, ac.device_bytes, ac.host_bytes);
 	uint64_t h = TR_FNV_OFFSET;
 	for (int i = 0; i < tr->n_params; i++) {
 		param *p = &tr->params[i];
@@ -1055,6 +1153,158 @@ static uint64_t train_step(trainer *tr)
 		memset(p->g, 0, p->n * sizeof(float));
 	}
 	return h;
+}
+
+/* ---------------------------------------------------------------- gradient check */
+
+/* Releases every activation a forward-only pass left behind. */
+static void drop_activations(trainer *tr)
+{
+	for (uint32_t mb = 0; mb < TR_M; mb++) {
+		for (int li = 0; li < TR_STAGE_LAYERS; li++)
+			for (int u = 0; u < TR_NU; u++)
+				if (tr->runs[mb][li].u[u].state == UNIT_HELD)
+					unit_free(tr, mb, &tr->runs[mb][li], u);
+		if (tr->ci.stage == tr->ci.pp - 1) {
+			act_free(tr, mb, tr->head_norm_in[mb], TR_HEAD_NORM_IN_BYTES,
+			         "head.norm_in");
+			act_free(tr, mb, tr->head_in[mb], TR_HEAD_IN_BYTES, "head.in");
+			act_free(tr, mb, tr->head_logits[mb], TR_HEAD_LOGITS_BYTES, "head.logits");
+		}
+	}
+}
+
+/* The step's mean loss from a forward pass of every micro-batch. */
+static double forward_loss(trainer *tr)
+{
+	tr->loss_sum = 0;
+	for (uint32_t mb = 0; mb < TR_M; mb++)
+		forward_mb(tr, mb);
+	tr_comm_wait_sends(tr->comm);
+	drop_activations(tr);
+	return tr_comm_sum(tr->comm, tr->loss_sum) / ((double)TR_T * TR_M * TR_EP);
+}
+
+/* --grad-check: the gradients of one step (forwards, then backwards, then
+ * the all-reduce; every activation kept) against central finite
+ * differences of the loss. Every token is routed to experts 1 and 6 (one on
+ * each EP rank), so that a small change of a weight cannot flip the
+ * routing and the loss is smooth. Probes: on each stage, every weight of
+ * its first layer (the experts that receive rows on each EP rank), the
+ * second layer's norm and router, and the embedding or the head; in each,
+ * the element with the largest gradient. Returns the number that failed. */
+static int grad_check(trainer *tr)
+{
+	tr->opt.policy = POLICY_KEEP;
+	tr->opt.n_spikes = 1;
+	tr->opt.spikes[0] = (spike){.step = 1, .fraction = 1.0f, .n_experts = 2, .experts = {1, 6}};
+	tr->step = 1;
+	tr->loss_sum = 0;
+	for (uint32_t mb = 0; mb < TR_M; mb++)
+		forward_mb(tr, mb);
+	for (uint32_t mb = 0; mb < TR_M; mb++)
+		backward_mb(tr, mb);
+	tr_comm_wait_sends(tr->comm);
+	for (int i = 0; i < tr->n_params; i++)
+		if (tr->params[i].replicated)
+			tr_comm_allreduce_sum(tr->comm, tr->params[i].g, tr->params[i].n);
+
+	/* (stage, layer on the stage or -1, weight, EP rank or -1: replicated) */
+	enum { G1, WQ, WK, WV, WO, G2, WR, WUP, WDOWN, EMB, GF, WHEAD };
+	static const char *const names[] = {"g1", "wq",  "wk",    "wv",  "wo", "g2",
+	                                    "wr", "wup", "wdown", "emb", "gf", "whead"};
+	struct probe {
+		int stage, li, kind, dp;
+	} probes[64];
+	int n = 0;
+	for (int s = 0; s < TR_PP; s++) {
+		for (int k = G1; k <= WR; k++)
+			probes[n++] = (struct probe){s, 0, k, -1};
+		for (int dp = 0; dp < TR_EP; dp++) {
+			probes[n++] = (struct probe){s, 0, WUP, dp};
+			probes[n++] = (struct probe){s, 0, WDOWN, dp};
+		}
+		probes[n++] = (struct probe){s, 1, G2, -1};
+		probes[n++] = (struct probe){s, 1, WR, -1};
+		if (s == 0)
+			probes[n++] = (struct probe){s, -1, EMB, -1};
+		if (s == TR_PP - 1) {
+			probes[n++] = (struct probe){s, -1, GF, -1};
+			probes[n++] = (struct probe){s, -1, WHEAD, -1};
+		}
+	}
+	int failed = 0;
+	for (int i = 0; i < n; i++) {
+		const struct probe *pr = &probes[i];
+		int mine = tr->ci.stage == pr->stage && (pr->dp < 0 || pr->dp == tr->ci.dp);
+		float *w = NULL;
+		if (mine) {
+			const layer_params *P = pr->li >= 0 ? &tr->lp[pr->li] : NULL;
+			/* The expert that receives rows: global 1 is local 1 on rank 0,
+			 * global 6 is local 2 on rank 1. */
+			int e = tr->ci.dp == 0 ? 1 : 2;
+			float *const pick[] = {P ? P->g1 : NULL,
+			                       P ? P->wq : NULL,
+			                       P ? P->wk : NULL,
+			                       P ? P->wv : NULL,
+			                       P ? P->wo : NULL,
+			                       P ? P->g2 : NULL,
+			                       P ? P->wr : NULL,
+			                       P ? P->wup[e] : NULL,
+			                       P ? P->wdown[e] : NULL,
+			                       tr->emb,
+			                       tr->gf,
+			                       tr->whead};
+			w = pick[pr->kind];
+		}
+		size_t len = 0, at = 0;
+		const float *g = NULL;
+		for (int k = 0; w && k < tr->n_params; k++)
+			if (tr->params[k].w == w) {
+				len = tr->params[k].n;
+				g = tr->params[k].g;
+			}
+		for (size_t k = 0; g && k < len; k++)
+			if (fabsf(g[k]) > fabsf(g[at]))
+				at = k;
+		/* Replicated weights change on both replicas at once. */
+		const float eps = 1e-2f;
+		float saved = mine ? w[at] : 0;
+		if (mine)
+			w[at] = saved + eps;
+		double up = forward_loss(tr);
+		if (mine)
+			w[at] = saved - eps;
+		double down = forward_loss(tr);
+		if (mine)
+			w[at] = saved;
+		double numeric = (up - down) / (2.0 * (double)eps);
+		int reporter = mine && (pr->dp >= 0 || tr->ci.dp == 0);
+		double analytic = tr_comm_sum(tr->comm, reporter ? (double)g[at] : 0.0);
+		/* Central differences of an fp32 loss: truncation O(eps^2) and
+		 * rounding of about 1e-7 / eps; 2% plus a small absolute term
+		 * covers both and still fails any missing or doubled term. */
+		double err = fabs(numeric - analytic);
+		int ok = err <= 0.02 * fmax(fabs(numeric), fabs(analytic)) + 1e-5 &&
+		         fabs(analytic) > 1e-6;
+		failed += !ok;
+		char label[64];
+		if (pr->li >= 0)
+			snprintf(label, sizeof label, "layer %d %s",
+			         pr->stage * TR_STAGE_LAYERS + pr->li, names[pr->kind]);
+		else
+			snprintf(label, sizeof label, "%s", names[pr->kind]);
+		if (pr->dp >= 0)
+			snprintf(label + strlen(label), sizeof label - strlen(label),
+			         " (EP rank %d)", pr->dp);
+		if (tr->ci.rank == 0)
+			printf("grad-check %-24s analytic % .6e  numeric % .6e  %s\n", label,
+			       analytic, numeric, ok ? "ok" : "FAIL");
+	}
+	if (tr->ci.rank == 0)
+		printf("grad-check: %d of %d weights agree with finite differences\n", n - failed,
+		       n);
+	return failed;
 }
 
 /* ---------------------------------------------------------------- the plan */
@@ -1092,6 +1342,15 @@ static void check_plan(trainer *tr)
 				         tr->opt.plan, l, u, ui.name ? ui.name : "?", ui.base_bytes,
 				         ui.per_row_bytes, unit_names[u], unit_base[u],
 				         unit_per_row[u], hint);
+			/* kiln never plans to recompute these: the layer's input, and
+			 * the rows the dispatch all-to-all brought (docs/cost-model.md). */
+			if ((u == TR_U_LN1_IN && !(ui.flags & KILN_RT_UNIT_LAYER_INPUT)) ||
+			    (u == TR_U_EIN && !(ui.flags & KILN_RT_UNIT_COLLECTIVE)) ||
+			    (u >= TR_U_PERM) != !!(ui.flags & KILN_RT_UNIT_EXPERT))
+				fail_all(EXIT_INPUT,
+				         "plan %s: layer %d unit %s has flags %#x, not this "
+				         "trainer's (%s)",
+				         tr->opt.plan, l, ui.name, ui.flags, hint);
 		}
 	}
 }
@@ -1125,9 +1384,13 @@ static const char usage[] =
     "  --unit-log PREFIX  per rank, PREFIX.RANK: every unit's arena bytes at each\n"
     "                     decision (step mb layer unit name rows bytes action)\n"
     "  --quiet            no per-step lines on stdout\n"
+    "  --grad-check       instead of training: compare the gradients of one step\n"
+    "                     with central finite differences of the loss, on a\n"
+    "                     spread of weights of every kind (routing pinned)\n"
     "\n"
-    "Exit status: 0 done, 1 bad input (plan, text), 2 bad arguments,\n"
-    "3 out of memory (the arena overflowed).\n";
+    "Exit status: 0 done, 1 bad input (plan, text) or an internal error,\n"
+    "2 bad arguments, 3 out of memory (the arena overflowed),\n"
+    "4 the gradient check failed.\n";
 
 static uint64_t parse_bytes(const char *s, const char *flag)
 {
@@ -1141,7 +1404,7 @@ static uint64_t parse_bytes(const char *s, const char *flag)
 		mul = 1024.0 * 1024, end++;
 	else if (*end == 'G' || *end == 'g')
 		mul = 1024.0 * 1024 * 1024, end++;
-	if (errno || end == s || *end || !(v > 0) || v * mul > 1e15)
+	if (errno || end == s || *end || !(v * mul >= 1) || v * mul > 1e15)
 		fail_all(EXIT_USAGE, "%s wants a positive byte count (e.g. 4M), got '%s'", flag, s);
 	return (uint64_t)(v * mul);
 }
@@ -1216,6 +1479,10 @@ static void parse_args(options *o, int argc, char **argv, int rank)
 		}
 		if (!strcmp(a, "--quiet")) {
 			o->quiet = 1;
+			continue;
+		}
+		if (!strcmp(a, "--grad-check")) {
+			o->grad_check = 1;
 			continue;
 		}
 		static const char *const with_value[] = {
@@ -1301,11 +1568,23 @@ int main(int argc, char **argv)
 	        ? tr->opt.arena_bytes
 	        : (si.capacity_bytes > si.static_bytes ? si.capacity_bytes - si.static_bytes : 0);
 	tr_arena_init(&tr->arena, cap);
+	rc = kiln_rt_acct_reset(tr->rt, tr->ci.stage, cap);
+	if (rc)
+		fail_all(EXIT_INPUT, "kiln_rt_acct_reset: %s", kiln_rt_strerror(rc));
 	kiln_copy_config cc = {.backend = KILN_COPY_HOST, .pool_bytes = (size_t)64 << 20};
 	rc = kiln_copy_open(&cc, &tr->ce);
 	if (rc)
-		fail_all(EXIT_INPUT, "cannot open the copy engine: %s", kiln_rt_strerror(rc));
+		fail(EXIT_INPUT, "cannot open the copy engine: %s", kiln_rt_strerror(rc));
 	init_params(tr);
+	if (tr->opt.grad_check) {
+		tr_arena_init(&tr->arena, (uint64_t)1 << 30);
+		kiln_rt_acct_reset(tr->rt, tr->ci.stage, (uint64_t)1 << 30);
+		int failed = grad_check(tr);
+		if (failed)
+			fail_all(EXIT_GRAD, "the gradient check failed");
+		finish(tr);
+		return EXIT_OK;
+	}
 	if (tr->opt.unit_log) {
 		char path[4096];
 		snprintf(path, sizeof path, "%s.%d", tr->opt.unit_log, tr->ci.rank);
@@ -1343,24 +1622,39 @@ int main(int argc, char **argv)
 		uint64_t hashes[TR_PP * TR_EP], peaks[TR_PP * TR_EP];
 		tr_comm_gather_u64(tr->comm, h, hashes);
 		tr_comm_gather_u64(tr->comm, tr->arena.peak_bytes, peaks);
-		double sums[7];
-		const uint64_t mine[7] = {tr->st.decisions,   tr->st.keep,
-		                          tr->st.recompute,   tr->st.offload,
-		                          tr->st.over_budget, tr->st.offloaded_bytes,
-		                          tr->st.max_rows};
-		for (int k = 0; k < 6; k++)
+		/* Summed over the ranks, but for the largest row count (a maximum). */
+		enum {
+			DEC,
+			KEEP,
+			RECOMP,
+			OFFL,
+			OVER,
+			BEYOND,
+			OFFL_B,
+			RECOMP_B,
+			CHECKS,
+			MAXROWS,
+			NSUM
+		};
+		const uint64_t mine[NSUM] = {tr->st.decisions,       tr->st.keep,
+		                             tr->st.recompute,       tr->st.offload,
+		                             tr->st.over_budget,     tr->st.beyond,
+		                             tr->st.offloaded_bytes, tr->st.recomputed_bytes,
+		                             tr->st.resident_checks, tr->st.max_rows};
+		double sums[NSUM];
+		for (int k = 0; k < MAXROWS; k++)
 			sums[k] = tr_comm_sum(tr->comm, (double)mine[k]);
-		sums[6] = tr_comm_max(tr->comm, (double)mine[6]);
-		total_decisions += (uint64_t)sums[0];
-		total_over += (uint64_t)sums[4];
+		sums[MAXROWS] = tr_comm_max(tr->comm, (double)mine[MAXROWS]);
+		total_decisions += (uint64_t)sums[DEC];
+		total_over += (uint64_t)sums[OVER];
 		float lossf = (float)loss;
 		if (tr->ci.rank == 0 && !tr->opt.quiet)
 			printf("step %3d  loss %.4f  %.3f s  %.0f tokens/s  max load %.2fx  units "
 			       "kept %.0f "
 			       "recomputed %.0f offloaded %.0f%s\n",
 			       tr->step, loss, dt, tokens_per_step / dt,
-			       sums[6] / (double)(TR_T * TR_TOPK), sums[1], sums[2], sums[3],
-			       sums[4] > 0 ? "  (over budget)" : "");
+			       sums[MAXROWS] / (double)(TR_T * TR_TOPK), sums[KEEP], sums[RECOMP],
+			       sums[OFFL], sums[OVER] > 0 ? "  (over budget)" : "");
 		if (log) {
 			fprintf(
 			    log,
@@ -1374,10 +1668,12 @@ int main(int argc, char **argv)
 			fprintf(log,
 			        "], \"max_load\": %.4f, \"decisions\": %.0f, \"kept\": %.0f, "
 			        "\"recomputed\": %.0f, \"offloaded\": %.0f, \"over_budget\": %.0f, "
-			        "\"offloaded_bytes\": %.0f, \"seconds\": %.6f, \"tokens_per_s\": "
-			        "%.1f}\n",
-			        sums[6] / (double)(TR_T * TR_TOPK), sums[0], sums[1], sums[2],
-			        sums[3], sums[4], sums[5], dt, tokens_per_step / dt);
+			        "\"load_beyond\": %.0f, \"offloaded_bytes\": %.0f, "
+			        "\"recomputed_bytes\": %.0f, \"resident_checks\": %.0f, "
+			        "\"seconds\": %.6f, \"tokens_per_s\": %.1f}\n",
+			        sums[MAXROWS] / (double)(TR_T * TR_TOPK), sums[DEC], sums[KEEP],
+			        sums[RECOMP], sums[OFFL], sums[OVER], sums[BEYOND], sums[OFFL_B],
+			        sums[RECOMP_B], sums[CHECKS], dt, tokens_per_step / dt);
 			fflush(log);
 		}
 	}
@@ -1389,17 +1685,11 @@ int main(int argc, char **argv)
 		       steps, total_decisions, total_over, tps);
 	if (log && fclose(log))
 		fail(EXIT_INPUT, "cannot write %s", tr->opt.log);
-	if (tr->unit_log && fclose(tr->unit_log))
+	if (tr->unit_log && fclose(tr->unit_log)) {
+		tr->unit_log = NULL;
 		fail(EXIT_INPUT, "cannot write the unit log");
-	kiln_copy_close(tr->ce);
-	kiln_rt_close(tr->rt);
-	for (int i = 0; i < tr->n_params; i++) {
-		free(tr->params[i].w);
-		free(tr->params[i].g);
-		free(tr->params[i].m);
-		free(tr->params[i].v);
 	}
-	free(tr->text);
-	tr_comm_finish(tr->comm);
+	tr->unit_log = NULL;
+	finish(tr);
 	return EXIT_OK;
 }
