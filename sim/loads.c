@@ -1069,3 +1069,28 @@ int kiln_load_parse(const char *spec, double max_factor, kiln_arena *a, FILE *er
 	*out = p;
 	return 0;
 }
+
+int kiln_load_write_csv(const kiln_load_profile *p, const kiln_load_shape *shape, uint64_t seed,
+                        int64_t iterations, FILE *f)
+{
+	int32_t ep = shape->ep > 0 ? shape->ep : 1;
+	int32_t mbs = shape->microbatches > 0 ? shape->microbatches : 1;
+	int32_t layers = shape->layers > 0 ? shape->layers : 1;
+	double out[4096];
+	if (ep > (int32_t)(sizeof out / sizeof *out))
+		return -1;
+	if (fprintf(f, "# kilnc simulate --emit-loads: profile %s, seed %llu, %d EP ranks\n"
+	               "iteration,microbatch,layer,rank,factor\n",
+	            p->name, (unsigned long long)seed, ep) < 0)
+		return -1;
+	for (int64_t it = 0; it < iterations; it++)
+		for (int32_t mb = 0; mb < mbs; mb++)
+			for (int32_t l = 0; l < layers; l++) {
+				kiln_load_sample(p, shape, seed, it, mb, l, 0, out);
+				for (int32_t r = 0; r < ep; r++)
+					if (fprintf(f, "%lld,%d,%d,%d,%.17g\n", (long long)it, mb, l, r,
+					            out[r]) < 0)
+						return -1;
+			}
+	return ferror(f) ? -1 : 0;
+}

@@ -73,6 +73,25 @@ static double interp(const double *grid, double n_max, double n)
 	return grid[k] + (grid[k + 1] - grid[k]) * f;
 }
 
+void kiln_sim_load_shape(const kiln_compilation *c, kiln_load_shape *out)
+{
+	const kiln_ir_graph *g = c->graph;
+	const kiln_model *m = c->model;
+	int32_t ep = m->moe ? (int32_t)m->ep : 1, n_moe = 0;
+	for (int32_t l = 0; l < g->n_layers; l++)
+		n_moe += g->layers[l].kind == KILN_LAYER_MOE;
+	double top_k = m->moe ? (double)m->top_k : 1;
+	double n_bal = 0;
+	for (int32_t l = 0; l < g->n_layers && n_bal == 0; l++)
+		n_bal = g->layers[l].n_balanced;
+	*out = (kiln_load_shape){.ep = ep,
+	                         .experts_per_rank = m->moe ? (int32_t)(m->experts / m->ep) : 1,
+	                         .top_k = (int32_t)top_k,
+	                         .tokens = (int64_t)(n_bal / top_k * ep),
+	                         .microbatches = (int32_t)m->micro_batches,
+	                         .layers = n_moe};
+}
+
 static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 {
 	const kiln_ir_graph *g = c->graph;
@@ -148,16 +167,7 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 				k += g->layers[l].kind == KILN_LAYER_MOE;
 			li->moe_index = k;
 		}
-	double top_k = m->moe ? (double)m->top_k : 1;
-	double n_bal = 0;
-	for (int32_t l = 0; l < g->n_layers && n_bal == 0; l++)
-		n_bal = g->layers[l].n_balanced;
-	w->shape = (kiln_load_shape){.ep = w->ep,
-	                             .experts_per_rank = m->moe ? (int32_t)(m->experts / m->ep) : 1,
-	                             .top_k = (int32_t)top_k,
-	                             .tokens = (int64_t)(n_bal / top_k * w->ep),
-	                             .microbatches = w->m,
-	                             .layers = w->n_moe};
+	kiln_sim_load_shape(c, &w->shape);
 	kiln_cost_iteration it;
 	kiln_cost_iteration_estimate(g, 1.0, &it);
 	w->model_flops = it.model_flops;

@@ -80,6 +80,13 @@ void kiln_load_sample(const kiln_load_profile *p, const kiln_load_shape *shape, 
                       int64_t iteration, int32_t microbatch, int32_t layer, int32_t group,
                       double *out);
 
+/* Writes the samples of p for group 0 as a CSV trace (docs/simulator.md,
+ * "Traces"): header iteration,microbatch,layer,rank,factor, then one row per
+ * (iteration below iterations, micro-batch, MoE layer, EP rank) of shape,
+ * factors printed exactly (%.17g). Returns 0, or -1 when writing failed. */
+int kiln_load_write_csv(const kiln_load_profile *p, const kiln_load_shape *shape, uint64_t seed,
+                        int64_t iterations, FILE *f);
+
 /* What a parsed trace covers: the iterations first_iteration ..
  * first_iteration + iterations - 1 (replayed modulo iterations), layer
  * indices below layers (replayed modulo layers), the largest micro-batch and
@@ -94,6 +101,13 @@ typedef struct kiln_load_trace_info {
 
 /* Describes t (borrowed) into *out. */
 void kiln_load_trace_describe(const kiln_load_trace *t, kiln_load_trace_info *out);
+
+/* ---------------------------------------------------------------- sim.c (shape) */
+
+/* The load shape the simulator samples for c's model: EP ranks, local
+ * experts, top-k, tokens of a micro-batch entering one EP group, micro-
+ * batches per iteration and MoE layers. */
+void kiln_sim_load_shape(const struct kiln_compilation *c, kiln_load_shape *out);
 
 /* ---------------------------------------------------------------- pipeline.c */
 

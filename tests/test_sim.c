@@ -89,20 +89,24 @@ Test(sim, nothing_beats_unbounded_and_no_failure_free_policy_is_slower_than_full
 			setup(&f, MODELS[m]);
 			kiln_sim_result r[KILN_SIM_POLICY_COUNT];
 			run(&f, LOADS[l], 15, 0, r);
-			const kiln_sim_result *unb = &r[KILN_SIM_UNBOUNDED], *full = &r[KILN_SIM_FULL_RECOMPUTE];
+			const kiln_sim_result *unb = &r[KILN_SIM_UNBOUNDED],
+			                      *full = &r[KILN_SIM_FULL_RECOMPUTE];
 			cr_assert_eq(unb->ooms, 0);
 			for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
-				cr_assert_leq(unb->iteration_s, r[k].iteration_s * (1 + 1e-12), "%s %s: %s",
-				              MODELS[m], LOADS[l], kiln_sim_policy_name((kiln_sim_policy_kind)k));
+				cr_assert_leq(unb->iteration_s, r[k].iteration_s * (1 + 1e-12),
+				              "%s %s: %s", MODELS[m], LOADS[l],
+				              kiln_sim_policy_name((kiln_sim_policy_kind)k));
 				cr_assert_geq(unb->tokens_per_s, r[k].tokens_per_s * (1 - 1e-12));
 				/* The ablations are switches, not policies: kiln:no-overlap
 				 * pays serially for plans chosen for overlap, and can
 				 * fall below full recompute (docs/simulator.md). */
 				if (r[k].ooms == 0 && k < KILN_SIM_KILN_NO_OFFLOAD)
-					cr_assert_geq(r[k].tokens_per_s, full->tokens_per_s * (1 - 1e-9),
-					              "%s %s: %s is slower than full-recompute without failing",
-					              MODELS[m], LOADS[l],
-					              kiln_sim_policy_name((kiln_sim_policy_kind)k));
+					cr_assert_geq(
+					    r[k].tokens_per_s, full->tokens_per_s * (1 - 1e-9),
+					    "%s %s: %s is slower than full-recompute without "
+					    "failing",
+					    MODELS[m], LOADS[l],
+					    kiln_sim_policy_name((kiln_sim_policy_kind)k));
 			}
 			/* kiln never fails within load.max_factor. */
 			cr_assert_eq(r[KILN_SIM_KILN].ooms, 0, "%s %s", MODELS[m], LOADS[l]);
@@ -124,6 +128,58 @@ Test(sim, same_seed_same_result)
 		for (int32_t s = 0; s < r1[k].n_stages; s++)
 			cr_assert_eq(r1[k].peak_bytes[s], r2[k].peak_bytes[s]);
 	}
+	teardown(&f);
+}
+
+/* kilnc simulate --emit-loads writes the loads the simulator samples, and
+ * replaying that file gives the very same simulation (tiny has one EP
+ * group, the one written): every factor survives the round trip (%.17g). */
+Test(sim, emitted_loads_replay_as_the_profile)
+{
+	fixture f;
+	setup(&f, "examples/models/tiny.yaml");
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse("paper", f.c.model->max_factor, f.a, stderr, &prof), 0);
+	kiln_load_shape shape;
+	kiln_sim_load_shape(&f.c, &shape);
+	/* tiny: ep 4 with 2 local experts, top-2, 256 tokens per micro-batch and
+	 * rank (1,024 per EP group), 4 micro-batches, 7 MoE layers */
+	cr_assert_eq(shape.ep, 4);
+	cr_assert_eq(shape.experts_per_rank, 2);
+	cr_assert_eq(shape.tokens, 4 * 2 * 128);
+	cr_assert_eq(shape.layers, 7);
+	char *path = kt_temp_file(".csv", "", 0);
+	FILE *out = fopen(path, "w");
+	cr_assert_not_null(out);
+	cr_assert_eq(kiln_load_write_csv(prof, &shape, 7, 30, out), 0);
+	cr_assert_eq(fclose(out), 0);
+	kiln_sim_result a[KILN_SIM_POLICY_COUNT], b[KILN_SIM_POLICY_COUNT];
+	run(&f, "paper", 30, 1, a);
+	run(&f, path, 30, 1, b);
+	for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
+		cr_expect_eq(a[k].tokens_per_s, b[k].tokens_per_s, "%s",
+		             kiln_sim_policy_name(a[k].policy));
+		cr_expect_eq(a[k].ooms, b[k].ooms);
+		for (int32_t s = 0; s < a[k].n_stages; s++)
+			cr_expect_eq(a[k].peak_bytes[s], b[k].peak_bytes[s]);
+	}
+	/* The command writes the same rows: a comment, the header, then
+	 * 3 iterations x 4 micro-batches x 7 layers x 4 ranks. */
+	kt_run r = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                          "--iters", "3", "--emit-loads", path, NULL},
+	                    NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	FILE *in = fopen(path, "r");
+	cr_assert_not_null(in);
+	char line[256];
+	int lines = 0;
+	while (fgets(line, sizeof line, in))
+		lines++;
+	fclose(in);
+	cr_expect_eq(lines, 2 + 3 * 4 * 7 * 4);
+	unlink(path);
+	free(path);
 	teardown(&f);
 }
 
@@ -167,15 +223,20 @@ Test(sim, statistical_method_matches_the_exact_simulation, .timeout = 900)
 			run(&f, loads, 15, 0, st);
 			for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
 				const char *name = kiln_sim_policy_name((kiln_sim_policy_kind)k);
-				cr_assert_eq(st[k].ooms, ex[k].ooms, "%s %s %s", MODELS[m], loads, name);
-				cr_assert_leq(st[k].tokens_per_s, ex[k].tokens_per_s * 1.06, "%s %s %s: %g vs %g",
-				              MODELS[m], loads, name, st[k].tokens_per_s, ex[k].tokens_per_s);
-				cr_assert_geq(st[k].tokens_per_s, ex[k].tokens_per_s * 0.94, "%s %s %s: %g vs %g",
-				              MODELS[m], loads, name, st[k].tokens_per_s, ex[k].tokens_per_s);
+				cr_assert_eq(st[k].ooms, ex[k].ooms, "%s %s %s", MODELS[m], loads,
+				             name);
+				cr_assert_leq(st[k].tokens_per_s, ex[k].tokens_per_s * 1.06,
+				              "%s %s %s: %g vs %g", MODELS[m], loads, name,
+				              st[k].tokens_per_s, ex[k].tokens_per_s);
+				cr_assert_geq(st[k].tokens_per_s, ex[k].tokens_per_s * 0.94,
+				              "%s %s %s: %g vs %g", MODELS[m], loads, name,
+				              st[k].tokens_per_s, ex[k].tokens_per_s);
 				for (int32_t s = 0; s < st[k].n_stages; s++) {
-					cr_assert_leq(st[k].peak_bytes[s], ex[k].peak_bytes[s] * (1 + 1e-12));
-					cr_assert_geq(st[k].peak_bytes[s], ex[k].peak_bytes[s] * 0.95,
-					              "%s %s %s stage %d", MODELS[m], loads, name, s);
+					cr_assert_leq(st[k].peak_bytes[s],
+					              ex[k].peak_bytes[s] * (1 + 1e-12));
+					cr_assert_geq(
+					    st[k].peak_bytes[s], ex[k].peak_bytes[s] * 0.95,
+					    "%s %s %s stage %d", MODELS[m], loads, name, s);
 				}
 			}
 			teardown(&f);
@@ -215,8 +276,9 @@ Test(sim, cli_table_json_and_errors)
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		const char *args[9] = {0};
 		for (int k = 0; k < 8 && bad[i][k]; k++)
-			args[k] = strcmp(bad[i][k], "MODEL") == 0 ? kt_src("examples/models/tiny.yaml")
-			                                          : bad[i][k];
+			args[k] = strcmp(bad[i][k], "MODEL") == 0
+			              ? kt_src("examples/models/tiny.yaml")
+			              : bad[i][k];
 		kt_run x = kt_kilnc(args, NULL);
 		cr_assert_eq(x.status, 2, "case %zu: %s", i, x.err);
 		kt_run_free(&x);
@@ -240,7 +302,8 @@ Test(sim, cli_table_json_and_errors)
 	const kiln_json *evs = kiln_json_get(tdoc, "traceEvents");
 	kiln_arena *ta = kiln_arena_new();
 	kiln_model *tm;
-	cr_assert_eq(kiln_frontend_load_file(kt_src("examples/models/tiny.yaml"), ta, stderr, &tm), 0);
+	cr_assert_eq(kiln_frontend_load_file(kt_src("examples/models/tiny.yaml"), ta, stderr, &tm),
+	             0);
 	int complete = 0;
 	for (int i = 0; i < kiln_json_size(evs); i++) {
 		const char *ph = kiln_json_string(kiln_json_get(kiln_json_at(evs, i), "ph"));
@@ -266,8 +329,8 @@ Test(sim, cli_table_json_and_errors)
 	kt_run_free(&r);
 	char *other = kt_temp_file(".kiln", "", 0);
 	kt_run c = kt_kilnc((const char *const[]){"compile",
-	                                          kt_src("examples/models/llama3-8b-dense.yaml"), "-o",
-	                                          other, NULL},
+	                                          kt_src("examples/models/llama3-8b-dense.yaml"),
+	                                          "-o", other, NULL},
 	                    NULL);
 	cr_assert_eq(c.status, 0, "%s", c.err);
 	kt_run_free(&c);

@@ -306,6 +306,48 @@ Test(trainer, gradients_match_finite_differences, .timeout = 1800)
 	free(plan);
 }
 
+/* The simulator's paper pattern, replayed: kilnc simulate --emit-loads
+ * writes the loads it samples for this model (seed 7 puts the pattern's
+ * spike, capped at load.max_factor 2, in iteration 12), and the trainer routes
+ * to match. kiln runs the 20 steps in the real budget with no failure, and
+ * step 13 (iteration 12) reaches 2x: at factor 2 every token sends both
+ * rows to the hot rank. */
+Test(trainer, replays_the_paper_pattern, .timeout = 1800)
+{
+	char *plan = compile_plan(), *trace = kt_temp_file(".csv", "", 0);
+	char *log = kt_temp_file(".jsonl", "", 0), *out, args[1024];
+	const char *sim[] = {"simulate",
+	                     kt_src("examples/trainer/trainer.yaml"),
+	                     "--loads",
+	                     "paper",
+	                     "--iters",
+	                     "20",
+	                     "--seed",
+	                     "7",
+	                     "--emit-loads",
+	                     trace,
+	                     NULL};
+	kt_run r = kt_kilnc(sim, NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	snprintf(args, sizeof args, "--steps 20 --seed 7 --loads %s --log %s", trace, log);
+	int st = trainer(&out, 4, plan, args);
+	cr_assert_eq(st, 0, "%s", out);
+	cr_expect(strstr(out, "done: 20 steps, 0 out-of-memory failures"), "%s", out);
+	free(out);
+	step_log l[32];
+	cr_assert_eq(read_log(log, l, 32), 20);
+	cr_expect_float_eq(l[12].max_load, 2.0, 1e-9);
+	for (int i = 0; i < 20; i++)
+		cr_expect_eq(l[i].over_budget, 0);
+	unlink(trace);
+	unlink(log);
+	unlink(plan);
+	free(trace);
+	free(log);
+	free(plan);
+}
+
 /* Bad input: a clear message and a non-zero exit, never a hang. */
 Test(trainer, bad_input, .timeout = 900)
 {
@@ -339,6 +381,18 @@ Test(trainer, bad_input, .timeout = 900)
 	cr_expect_eq(st, 1, "%s", out);
 	cr_expect(strstr(out, "cannot read training text /nonexistent/kiln-text"), "%s", out);
 	free(out);
+
+	/* A trace of tokens per expert: the trainer replays factor traces. */
+	char *csv =
+	    kt_temp_file(".csv", "iteration,microbatch,layer,rank,e0,e1\n0,0,0,0,3,4\n", 50);
+	char a2[512];
+	snprintf(a2, sizeof a2, "--loads %s", csv);
+	st = trainer(&out, 4, plan, a2);
+	cr_expect_eq(st, 1, "%s", out);
+	cr_expect(strstr(out, "the trainer replays factor traces"), "%s", out);
+	free(out);
+	unlink(csv);
+	free(csv);
 
 	/* A plan compiled for another model. */
 	char *tiny = kt_temp_file(".kiln", "", 0);

@@ -20,7 +20,7 @@ static const char HELP_SIMULATE[] =
 	"usage: kilnc simulate MODEL --policy P[,P...] [--plan PLAN.kiln] [--iters N]\n"
 	"                      [--seed S] [--loads PROFILE|FILE.csv] [--exact] [--groups G]\n"
 	"                      [--restart-s SECONDS] [--checkpoint-every N] [--json]\n"
-	"                      [--emit-trace F]\n"
+	"                      [--emit-trace F] [--emit-loads F]\n"
 	"\n"
 	"Replays iterations of MODEL's training through memory policies, side by side\n"
 	"on the same loads: per iteration and EP group the load of every rank for\n"
@@ -47,6 +47,9 @@ static const char HELP_SIMULATE[] =
 	"  --emit-trace F   the last iteration's pipeline schedule of every policy as\n"
 	"                   Chrome trace JSON (Perfetto): a process per policy, a\n"
 	"                   thread per stage; written whole or not at all\n"
+	"  --emit-loads F   the sampled loads of EP group 0 as a CSV trace\n"
+	"                   (iteration,microbatch,layer,rank,factor), what --loads\n"
+	"                   and examples/trainer replay; without --policy, only that\n"
 	"\n"
 	"Exit status 1 for a bad model, blob or trace, 2 for bad arguments.\n"
 	"Progress goes to stderr when stderr is a terminal.\n";
@@ -99,6 +102,60 @@ static int compile_model(const kiln_model *m, bool no_offload, kiln_arena *a,
 	return KILNC_EXIT_OK;
 }
 
+/* Writes path whole or not at all: fill writes into a temporary file
+ * beside it (0 for success), renamed over path once complete. Reports a
+ * failure on stderr and returns -1. */
+static int write_atomically(const char *path, int (*fill)(FILE *f, void *ctx), void *ctx)
+{
+	size_t len = strlen(path);
+	char *tmp = malloc(len + 16);
+	int rc = -1;
+	if (tmp) {
+		memcpy(tmp, path, len);
+		memcpy(tmp + len, ".tmp.XXXXXX", 12);
+		int fd = mkstemp(tmp);
+		/* mkstemp makes the file 0600; give it the mode fopen would. */
+		mode_t mask = umask(0);
+		umask(mask);
+		if (fd >= 0)
+			(void)fchmod(fd, 0666 & ~mask);
+		FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+		if (f) {
+			int wrc = fill(f, ctx);
+			if (fclose(f) == 0 && wrc == 0 && rename(tmp, path) == 0)
+				rc = 0;
+		} else if (fd >= 0) {
+			close(fd);
+		}
+		if (rc != 0 && fd >= 0)
+			unlink(tmp);
+	}
+	int saved = errno;
+	if (rc != 0)
+		fprintf(stderr, "kilnc: error: cannot write %s: %s\n", path,
+		        saved ? strerror(saved) : "write failed");
+	free(tmp);
+	return rc;
+}
+
+static int fill_json(FILE *f, void *doc)
+{
+	return kiln_json_write(doc, f);
+}
+
+typedef struct load_csv {
+	const kiln_load_profile *profile;
+	kiln_load_shape shape;
+	uint64_t seed;
+	int64_t iterations;
+} load_csv;
+
+static int fill_loads(FILE *f, void *ctx)
+{
+	const load_csv *lc = ctx;
+	return kiln_load_write_csv(lc->profile, &lc->shape, lc->seed, lc->iterations, f);
+}
+
 /* The last iteration's schedules as Chrome trace JSON, to a temporary file
  * beside path renamed into place when complete. Returns 0 or -1
  * (reported). */
@@ -139,34 +196,7 @@ static int write_trace(const char *path, const kiln_sim_result *res, int32_t n)
 			kiln_json_add_number(e, "dur", op->end_us - op->start_us);
 		}
 	}
-	size_t len = strlen(path);
-	char *tmp = malloc(len + 16);
-	int rc = -1;
-	if (tmp) {
-		memcpy(tmp, path, len);
-		memcpy(tmp + len, ".tmp.XXXXXX", 12);
-		int fd = mkstemp(tmp);
-		/* mkstemp makes the file 0600; give it the mode fopen would. */
-		mode_t mask = umask(0);
-		umask(mask);
-		if (fd >= 0)
-			(void)fchmod(fd, 0666 & ~mask);
-		FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-		if (f) {
-			int wrc = kiln_json_write(doc, f);
-			if (fclose(f) == 0 && wrc == 0 && rename(tmp, path) == 0)
-				rc = 0;
-		} else if (fd >= 0) {
-			close(fd);
-		}
-		if (rc != 0 && fd >= 0)
-			unlink(tmp);
-	}
-	int saved = errno;
-	if (rc != 0)
-		fprintf(stderr, "kilnc: error: cannot write %s: %s\n", path,
-		        saved ? strerror(saved) : "write failed");
-	free(tmp);
+	int rc = write_atomically(path, fill_json, doc);
 	kiln_json_free(doc);
 	return rc;
 }
@@ -182,17 +212,19 @@ static void print_bytes(char *buf, size_t n, double v)
 int kilnc_simulate(int argc, char **argv)
 {
 	const char *model = NULL, *plan = NULL, *policy = NULL, *iters = NULL, *seed = NULL,
-	           *loads = NULL, *groups = NULL, *restart = NULL, *ckpt = NULL, *trace = NULL;
+	           *loads = NULL, *groups = NULL, *restart = NULL, *ckpt = NULL, *trace = NULL,
+	           *emit_loads = NULL;
 	bool json = false, exact = false;
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
 		static const char *names[] = {"--plan",   "--policy",    "--iters",
 		                              "--seed",   "--loads",     "--groups",
-		                              "--restart-s", "--checkpoint-every", "--emit-trace"};
+		                              "--restart-s", "--checkpoint-every", "--emit-trace",
+		                              "--emit-loads"};
 		const char **slots[] = {&plan,  &policy,  &iters, &seed, &loads,
-		                        &groups, &restart, &ckpt, &trace};
+		                        &groups, &restart, &ckpt, &trace, &emit_loads};
 		int m = 0;
-		for (int k = 0; k < 9 && m == 0; k++)
+		for (int k = 0; k < 10 && m == 0; k++)
 			m = kilnc_option_value(names[k], argc, argv, &i, slots[k]);
 		if (m == KILNC_EXIT_USAGE)
 			return m;
@@ -213,12 +245,14 @@ int kilnc_simulate(int argc, char **argv)
 	}
 	if (!model)
 		return usage("%s", "'simulate' needs a MODEL file");
-	if (!policy)
+	if (!policy && !emit_loads)
 		return usage("%s", "'simulate' needs --policy P[,P...] (or --policy all)");
 	kiln_sim_policy_kind kinds[KILN_SIM_POLICY_COUNT];
 	int32_t n = 0;
 	bool need_no_offload = false;
-	if (strcmp(policy, "all") == 0) {
+	if (!policy) {
+		/* --emit-loads alone: no policy to run. */
+	} else if (strcmp(policy, "all") == 0) {
 		for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++)
 			kinds[n++] = (kiln_sim_policy_kind)k;
 	} else {
@@ -277,6 +311,16 @@ int kilnc_simulate(int argc, char **argv)
 	if ((rc = compile_model(m, false, a, &c, &blob, &rt)) != 0)
 		goto out;
 	rc = KILNC_EXIT_INPUT;
+	if (emit_loads) {
+		load_csv lc = {.profile = prof, .seed = (uint64_t)n_seed, .iterations = n_iters};
+		kiln_sim_load_shape(&c, &lc.shape);
+		if (write_atomically(emit_loads, fill_loads, &lc) != 0)
+			goto out;
+		if (!policy) {
+			rc = 0;
+			goto out;
+		}
+	}
 	if (plan) {
 		int orc = kiln_rt_open_file(plan, &file_rt);
 		if (orc != 0) {

@@ -91,8 +91,17 @@ typedef struct spike {
 	int32_t experts[TR_TOPK];
 } spike;
 
+/* A load trace (docs/simulator.md, "Traces", with a factor column), as
+ * kilnc simulate --emit-loads writes it: per (iteration, micro-batch, MoE
+ * layer, EP rank) a load factor; a missing row is 1.0. */
+typedef struct load_trace {
+	int64_t first, span; /* iterations first .. first + span - 1 */
+	int32_t layers;      /* layer indices below this; layer l replays l mod layers */
+	float *factor;       /* [span][TR_M][layers][TR_EP]; negative: no row */
+} load_trace;
+
 typedef struct options {
-	const char *plan, *data, *log, *unit_log;
+	const char *plan, *data, *log, *unit_log, *loads;
 	int policy;
 	uint64_t arena_bytes; /* 0: the stage's budget from the blob */
 	int32_t steps;
@@ -130,6 +139,7 @@ typedef struct trainer {
 	double loss_sum;
 	step_stats st;
 	FILE *unit_log;
+	load_trace trace;
 } trainer;
 
 static const char *policy_name(int p)
@@ -175,6 +185,8 @@ static void finish(trainer *tr)
 	tr->n_params = 0;
 	free(tr->text);
 	tr->text = NULL;
+	free(tr->trace.factor);
+	tr->trace.factor = NULL;
 	if (tr->comm)
 		tr_comm_finish(tr->comm);
 	tr->comm = NULL;
@@ -394,8 +406,32 @@ static void route_token(const trainer *tr, uint32_t mb, int32_t layer, int t, co
 				pick[n++] = out[j];
 		}
 		memcpy(out, pick, sizeof pick);
-		break;
+		return;
 	}
+	if (!tr->trace.factor)
+		return;
+	/* A load trace: the hotter EP rank of this (step, micro-batch, layer)
+	 * gets both rows of a fraction f - 1 of the tokens (its two experts
+	 * the token ranks highest), so that its load comes to about f. */
+	const load_trace *lt = &tr->trace;
+	int64_t it = (tr->step - 1) % lt->span;
+	const float *f =
+	    lt->factor +
+	    (((size_t)it * TR_M + mb) * (size_t)lt->layers + (size_t)(layer % lt->layers)) * TR_EP;
+	int hot = 0;
+	for (int r = 1; r < TR_EP; r++)
+		if ((f[r] < 0 ? 1.0f : f[r]) > (f[hot] < 0 ? 1.0f : f[hot]))
+			hot = r;
+	double frac = (f[hot] < 0 ? 1.0 : (double)f[hot]) - 1.0;
+	uint64_t h =
+	    hash4(tr->opt.seed ^ 0x10ad, (uint64_t)tr->step,
+	          ((uint64_t)tr->ci.dp * TR_M + mb) * TR_LAYERS + (uint64_t)layer, (uint64_t)t);
+	if (!(frac > 0) || (double)(h >> 11) * 0x1.0p-53 >= frac)
+		return;
+	int32_t local[TR_LE];
+	tr_topk(probs + (size_t)t * TR_E + (size_t)hot * TR_LE, 1, TR_LE, TR_TOPK, local);
+	for (int j = 0; j < TR_TOPK; j++)
+		out[j] = hot * TR_LE + local[j];
 }
 
 /* Per (token, choice) its expert and its row in the send buffer (rows
@@ -1155,6 +1191,123 @@ static uint64_t train_step(trainer *tr)
 	return h;
 }
 
+/* ---------------------------------------------------------------- load traces */
+
+static _Noreturn void fail_all(int code, const char *fmt, ...);
+
+/* Reads --loads FILE (every rank reads it alike). Rows for micro-batches or
+ * ranks beyond this trainer's are ignored, as the simulator ignores ranks
+ * beyond its ep. */
+static void read_loads(trainer *tr)
+{
+	const char *path = tr->opt.loads;
+	FILE *f = fopen(path, "r");
+	if (!f)
+		fail_all(EXIT_INPUT, "%s: cannot open the load trace: %s", path, strerror(errno));
+	typedef struct row {
+		int64_t it;
+		int32_t mb, layer, rank;
+		float factor;
+	} row;
+	row *rows = NULL;
+	size_t n = 0, cap = 0;
+	char line[512];
+	long lineno = 0;
+	int header = 0;
+	int64_t lo = INT64_MAX, hi = -1;
+	int32_t layers = 0;
+	while (fgets(line, sizeof line, f)) {
+		lineno++;
+		char *p = line;
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (*p == '#' || *p == '\n' || *p == '\r' || !*p)
+			continue;
+		if (!header) {
+			if (strncmp(p, "iteration,microbatch,layer,rank,factor", 38) ||
+			    (p[38] && p[38] != '\n' && p[38] != '\r')) {
+				free(rows);
+				fclose(f);
+				fail_all(EXIT_INPUT,
+				         "%s:%ld: the trainer replays factor traces, header "
+				         "'iteration,microbatch,layer,rank,factor' (kilnc simulate "
+				         "MODEL --loads PROFILE --emit-loads F writes them)",
+				         path, lineno);
+			}
+			header = 1;
+			continue;
+		}
+		long long it, mb, layer, rank;
+		double fac;
+		int used = 0;
+		if (sscanf(p, "%lld ,%lld ,%lld ,%lld ,%lf %n", &it, &mb, &layer, &rank, &fac,
+		           &used) != 5 ||
+		    p[used] || it < 0 || it > (1LL << 40) || mb < 0 || mb > INT32_MAX ||
+		    layer < 0 || layer > 1023 || rank < 0 || rank > INT32_MAX ||
+		    !(fac >= 0 && fac <= 1e6)) {
+			free(rows);
+			fclose(f);
+			fail_all(EXIT_INPUT,
+			         "%s:%ld: expected ITERATION,MICROBATCH,LAYER,RANK,FACTOR "
+			         "(non-negative; layer below 1024)",
+			         path, lineno);
+		}
+		if (mb >= TR_M || rank >= TR_EP)
+			continue;
+		if (n == cap) {
+			cap = cap ? 2 * cap : 1024;
+			row *r2 = realloc(rows, cap * sizeof *r2);
+			if (!r2)
+				fail(EXIT_INPUT, "out of host memory");
+			rows = r2;
+		}
+		rows[n++] = (row){it, (int32_t)mb, (int32_t)layer, (int32_t)rank, (float)fac};
+		lo = it < lo ? it : lo;
+		hi = it > hi ? it : hi;
+		layers = (int32_t)layer + 1 > layers ? (int32_t)layer + 1 : layers;
+	}
+	int err = ferror(f);
+	fclose(f);
+	if (err || !header || !n) {
+		free(rows);
+		fail_all(EXIT_INPUT, "%s: %s", path,
+		         err ? "cannot read the load trace"
+		             : "no rows for this trainer (8 micro-batches, EP ranks 0 and 1)");
+	}
+	load_trace *lt = &tr->trace;
+	lt->first = lo;
+	lt->span = hi - lo + 1;
+	lt->layers = layers;
+	size_t cells = (size_t)lt->span * TR_M * (size_t)layers * TR_EP;
+	if (lt->span > 100000 || cells > ((size_t)16 << 20)) {
+		free(rows);
+		fail_all(EXIT_INPUT,
+		         "%s: the trace spans %lld iterations x %d layers, more than the "
+		         "trainer replays (100,000 iterations, 16 M cells)",
+		         path, (long long)lt->span, layers);
+	}
+	lt->factor = xcalloc(cells, sizeof(float));
+	for (size_t i = 0; i < cells; i++)
+		lt->factor[i] = -1;
+	for (size_t i = 0; i < n; i++) {
+		const row *r = &rows[i];
+		float *cell =
+		    &lt->factor[(((size_t)(r->it - lo) * TR_M + (size_t)r->mb) * (size_t)layers +
+		                 (size_t)r->layer) *
+		                    TR_EP +
+		                (size_t)r->rank];
+		if (*cell >= 0) {
+			free(rows);
+			fail_all(EXIT_INPUT,
+			         "%s: iteration %lld micro-batch %d layer %d rank %d appears "
+			         "twice",
+			         path, (long long)r->it, r->mb, r->layer, r->rank);
+		}
+		*cell = r->factor;
+	}
+	free(rows);
+}
+
 /* ---------------------------------------------------------------- gradient check */
 
 /* Releases every activation a forward-only pass left behind. */
@@ -1377,6 +1530,10 @@ static const char usage[] =
     "                     on each listed step (1-based, comma separated), send\n"
     "                     FRACTION of every micro-batch's tokens to EXPERTS\n"
     "                     (E or E+E, global expert numbers 0-7); repeatable\n"
+    "  --loads FILE       replay a load trace: per step, micro-batch and layer, the\n"
+    "                     hotter EP rank gets both rows of a fraction (factor - 1)\n"
+    "                     of the tokens; e.g. the paper pattern, from\n"
+    "                     kilnc simulate trainer.yaml --loads paper --emit-loads FILE\n"
     "  --data FILE        training text (default /usr/share/common-licenses/GPL-3)\n"
     "  --lr X             AdamW learning rate (default 0.003)\n"
     "  --log FILE         one JSON object per step: loss (also as a hex float),\n"
@@ -1486,8 +1643,8 @@ static void parse_args(options *o, int argc, char **argv, int rank)
 			continue;
 		}
 		static const char *const with_value[] = {
-		    "--plan",  "--policy", "--arena", "--steps",    "--seed",
-		    "--spike", "--data",   "--log",   "--unit-log", "--lr"};
+		    "--plan", "--policy", "--arena",    "--steps", "--seed", "--spike",
+		    "--data", "--log",    "--unit-log", "--lr",    "--loads"};
 		int known = 0;
 		for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
 			known |= !strcmp(a, with_value[k]);
@@ -1522,6 +1679,8 @@ static void parse_args(options *o, int argc, char **argv, int rank)
 			o->log = v;
 		else if (!strcmp(a, "--unit-log"))
 			o->unit_log = v;
+		else if (!strcmp(a, "--loads"))
+			o->loads = v;
 		else if (!strcmp(a, "--lr")) {
 			char *end;
 			errno = 0;
@@ -1561,6 +1720,8 @@ int main(int argc, char **argv)
 		fail_all(EXIT_INPUT, "cannot open plan %s: %s", tr->opt.plan, kiln_rt_strerror(rc));
 	check_plan(tr);
 	read_text(tr);
+	if (tr->opt.loads)
+		read_loads(tr);
 	kiln_rt_stage_info si;
 	kiln_rt_stage_get(tr->rt, tr->ci.stage, &si);
 	uint64_t cap =
