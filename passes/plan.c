@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "costmodel/costmodel.h"
 #include "passes/passes.h"
 
 int kiln_plan_buckets(double max_factor, kiln_arena *a, double **out_edges, int32_t *out_n)
@@ -230,6 +231,62 @@ int kiln_plan_table_fill(kiln_plan_table *t, int32_t steps, kiln_plan_pool *pool
 	return 0;
 }
 
+/* Makespan of actions' template at t's load, or -1. */
+static double makespan_of(const kiln_compilation *c, const kiln_plan_table *t,
+                          const uint8_t *actions, kiln_arena *a)
+{
+	kiln_task *tasks;
+	int32_t n;
+	if (kiln_schedule_build(c->graph, t->set, actions, t->n, a, &tasks, &n) != 0)
+		return -1;
+	return kiln_schedule_dp(tasks, n, INFINITY, a);
+}
+
+/* The copy link's idle window, measured (docs/cost-model.md, "Copy link").
+ * The first estimate (options.c) lets a layer's copies use the link for its
+ * whole forward plus backward time; a template confines them to its own
+ * window (an offload after its producer, a reload before its first reader:
+ * docs/schedule.md), so the frontier solved with it is full of offloads
+ * that lengthen the schedule. Each of t's points is scheduled; the most
+ * quanta offloaded by a point whose template is no longer than keeping
+ * everything is what the link really carries hidden, and becomes the
+ * window (never more than the first estimate). Returns 1 when the window
+ * shrank (the frontier must be solved again), 0 when not, -1 on
+ * exhaustion. */
+static int measure_window(const kiln_compilation *c, kiln_plan_table *t)
+{
+	kiln_plan_instance *in = &t->instance;
+	if (in->free_offload_q == 0 || t->n_points < 2)
+		return 0;
+	kiln_arena *sa = kiln_arena_new();
+	uint8_t *actions = sa ? kiln_arena_alloc(sa, (size_t)t->set->n_units + 1) : NULL;
+	if (!actions) {
+		kiln_arena_free(sa);
+		return -1;
+	}
+	static const uint8_t keep[KILN_PLAN_MAX_UNITS]; /* zero: KILN_ACT_KEEP */
+	double base = makespan_of(c, t, keep, sa), hidden_q = 0;
+	int rc = base < 0 ? -1 : 0;
+	for (int32_t p = 1; p < t->n_points && rc == 0; p++) {
+		const kiln_plan_point *pt = &t->frontier->points[t->point[p]];
+		if ((double)pt->offload_q <= hidden_q)
+			continue;
+		kiln_plan_actions(in, pt, actions);
+		double mk = makespan_of(c, t, actions, sa);
+		if (mk < 0)
+			rc = -1;
+		else if (mk <= base * (1 + 1e-9))
+			hidden_q = (double)pt->offload_q;
+	}
+	kiln_arena_free(sa);
+	if (rc != 0)
+		return -1;
+	if (hidden_q >= (double)in->free_offload_q)
+		return 0;
+	in->free_offload_q = (uint32_t)hidden_q;
+	return 1;
+}
+
 int kiln_pass_plan(kiln_compilation *c)
 {
 	kiln_arena *a = c->arena;
@@ -240,7 +297,8 @@ int kiln_pass_plan(kiln_compilation *c)
 	c->pool = kiln_arena_alloc(a, sizeof(kiln_plan_pool));
 	uint64_t *hashes = kiln_arena_alloc(a, sizeof(uint64_t) * (n_tables ? n_tables : 1));
 	int32_t *distinct = kiln_arena_alloc(a, sizeof(int32_t) * (n_tables ? n_tables : 1));
-	if (!c->tables || !c->pool || !hashes || !distinct)
+	uint32_t *first_q = kiln_arena_alloc(a, sizeof(uint32_t) * (n_tables ? n_tables : 1));
+	if (!c->tables || !c->pool || !hashes || !distinct || !first_q)
 		return -1;
 	int32_t n_distinct = 0;
 	kiln_option_flags flags = {.offload = !c->no_offload, .collective_recompute = false};
@@ -258,25 +316,45 @@ int kiln_pass_plan(kiln_compilation *c)
 			hashes[ti] = instance_hash(&t->instance);
 			int32_t same = -1;
 			for (int32_t d = 0; d < n_distinct && same < 0; d++) {
-				const kiln_plan_table *o = &c->tables[distinct[d]];
+				/* Compared as first estimated, before the window of
+				 * the shared frontier was measured. */
+				kiln_plan_instance o = c->tables[distinct[d]].instance;
+				o.free_offload_q = first_q[d];
 				if (hashes[distinct[d]] == hashes[ti] &&
-				    instance_equal(&o->instance, &t->instance))
+				    instance_equal(&o, &t->instance))
 					same = d;
 			}
 			if (same >= 0) {
-				t->frontier = c->tables[distinct[same]].frontier;
+				const kiln_plan_table *o = &c->tables[distinct[same]];
+				t->frontier = o->frontier;
 				t->frontier_id = same;
+				t->instance.free_offload_q =
+				    o->instance.free_offload_q; /* measured */
 			} else {
-				kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
-				if (!f)
-					return -1;
-				int rc = c->solver == KILN_SOLVER_MILP
-				             ? kiln_cost_frontier_milp(&t->instance, a, f)
-				             : kiln_cost_frontier_dp(&t->instance, a, f);
-				if (rc != 0)
-					return -1;
-				t->frontier = f;
+				uint32_t est_q = t->instance.free_offload_q;
+				/* Solved with the first estimate of the copy window, then,
+				 * once its plans are scheduled, with the measured one. */
+				for (int pass = 0; pass < 2; pass++) {
+					kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
+					if (!f)
+						return -1;
+					int rc = c->solver == KILN_SOLVER_MILP
+					             ? kiln_cost_frontier_milp(&t->instance, a, f)
+					             : kiln_cost_frontier_dp(&t->instance, a, f);
+					if (rc != 0)
+						return -1;
+					t->frontier = f;
+					if (pass == 1)
+						break;
+					if (kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, NULL,
+					                         a) != 0 ||
+					    (rc = measure_window(c, t)) < 0)
+						return -1;
+					if (rc == 0)
+						break;
+				}
 				t->frontier_id = n_distinct;
+				first_q[n_distinct] = est_q;
 				distinct[n_distinct++] = (int32_t)ti;
 			}
 			if (kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, c->pool, a) != 0)

@@ -289,6 +289,120 @@ Test(plan, pool_holds_distinct_plans)
 	kiln_arena_free(a);
 }
 
+/* Makespan of the template of actions at t's set and load (-1 on failure). */
+static double template_us(const kiln_compilation *c, const kiln_plan_table *t,
+                          const uint8_t *actions, kiln_arena *a)
+{
+	kiln_task *tasks;
+	int32_t n;
+	if (kiln_schedule_build(c->graph, t->set, actions, t->n, a, &tasks, &n) != 0)
+		return -1;
+	return kiln_schedule_dp(tasks, n, INFINITY, a);
+}
+
+/* The measured copy window (docs/cost-model.md, "Copy link"). Facts checked
+ * against numbers the test computes itself, after the plan pass:
+ * - the window never exceeds the first estimate, which the test rebuilds
+ *   with kiln_pass_options at the table's set and load;
+ * - it is what its definition gives: the table solved with the first
+ *   estimate, each point scheduled, the most quanta offloaded by a point
+ *   whose template is no longer than keeping everything (recomputed here
+ *   from the first estimate, scheduling every point);
+ * - tables that share a frontier share its window;
+ * - the window is consistent with the re-solved table: no table point
+ *   whose template is as short as keeping everything (its copies hide
+ *   entirely on the link) offloads more than the window, so measuring
+ *   again would not grow it;
+ * - on DeepSeek-V3 the window shrinks: the first estimate (1,464 to 1,801
+ *   quanta, above the layer's ~1,024) would call a whole-layer offload
+ *   free, which no template hides. */
+Test(plan, measured_copy_window_is_what_the_templates_hide, .timeout = 120)
+{
+	static const char *const models[] = {"examples/models/tiny.yaml",
+	                                     "examples/models/deepseek-v3-671b.yaml"};
+	for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+		kiln_arena *a = kiln_arena_new();
+		kiln_model *m = NULL;
+		cr_assert_eq(kiln_frontend_load_file(kt_src(models[mi]), a, stderr, &m), 0);
+		kiln_compilation c = {.model = m, .arena = a, .solver = KILN_SOLVER_DP};
+		cr_assert_eq(kiln_pipeline_compile(&c, "plan", NULL, NULL, stderr), 0);
+		kiln_option_flags flags = {.offload = true, .collective_recompute = false};
+		int32_t shrunk = 0, hidden_offloads = 0;
+		for (int32_t d = 0; d < c.pool->n_frontiers; d++) {
+			/* The first table of each frontier is where it was solved. */
+			size_t n_tables = (size_t)c.n_sets * (size_t)c.n_buckets, first = n_tables;
+			for (size_t ti = 0; ti < n_tables; ti++) {
+				const kiln_plan_table *t = &c.tables[ti];
+				if (t->frontier_id != d)
+					continue;
+				if (first == n_tables)
+					first = ti;
+				cr_assert_eq(
+				    t->instance.free_offload_q,
+				    c.tables[first].instance.free_offload_q,
+				    "%s: tables %zu and %zu share frontier %d, not its window",
+				    models[mi], first, ti, d);
+			}
+			cr_assert_lt(first, n_tables);
+			const kiln_plan_table *t = &c.tables[first];
+			kiln_plan_instance est;
+			cr_assert_eq(kiln_pass_options(c.graph, t->set, t->n, &flags, a, &est), 0);
+			uint32_t window = t->instance.free_offload_q;
+			cr_assert_leq(window, est.free_offload_q, "%s frontier %d", models[mi], d);
+			shrunk += window < est.free_offload_q;
+
+			uint8_t keep[KILN_PLAN_MAX_UNITS] = {0}, actions[KILN_PLAN_MAX_UNITS];
+			double base = template_us(&c, t, keep, a);
+			cr_assert_gt(base, 0);
+
+			/* The window by its definition: the table solved with the
+			 * first estimate, every point of it scheduled, the most
+			 * quanta offloaded by one whose template is no longer than
+			 * keep-all; the first estimate when that is not smaller. */
+			kiln_plan_table first_t = *t;
+			kiln_frontier f0;
+			first_t.instance = est;
+			first_t.frontier = &f0;
+			cr_assert_eq(kiln_cost_frontier_dp(&est, a, &f0), 0);
+			cr_assert_eq(kiln_plan_table_fill(&first_t, KILN_PLAN_TABLE_STEPS, NULL, a),
+			             0);
+			uint32_t want = 0;
+			for (int32_t p = 1; p < first_t.n_points; p++) {
+				const kiln_plan_point *pt = &f0.points[first_t.point[p]];
+				kiln_plan_actions(&est, pt, actions);
+				double mk = template_us(&c, t, actions, a);
+				cr_assert_gt(mk, 0);
+				if (mk <= base * (1 + 1e-9) && pt->offload_q > want)
+					want = pt->offload_q;
+			}
+			if (est.free_offload_q == 0 || first_t.n_points < 2 ||
+			    want > est.free_offload_q)
+				want = est.free_offload_q;
+			cr_assert_eq(window, want, "%s frontier %d: window %u quanta, measured %u",
+			             models[mi], d, window, want);
+			for (int32_t p = 1; p < t->n_points; p++) {
+				const kiln_plan_point *pt = &t->frontier->points[t->point[p]];
+				kiln_plan_actions(&t->instance, pt, actions);
+				double mk = template_us(&c, t, actions, a);
+				cr_assert_gt(mk, 0);
+				if (mk > base * (1 + 1e-9) || pt->offload_q == 0)
+					continue;
+				hidden_offloads++;
+				cr_assert_leq(
+				    pt->offload_q, window,
+				    "%s frontier %d point %d: %u quanta offloaded hide in "
+				    "%g us (keep-all %g us) but the window is %u",
+				    models[mi], d, p, pt->offload_q, mk, base, window);
+			}
+		}
+		if (strstr(models[mi], "deepseek")) {
+			cr_assert_gt(shrunk, 0, "the first estimate was kept everywhere");
+			cr_assert_gt(hidden_offloads, 0, "no offload hides at all");
+		}
+		kiln_arena_free(a);
+	}
+}
+
 Test(plan, baselines_follow_their_rules)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
