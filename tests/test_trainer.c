@@ -394,6 +394,17 @@ Test(trainer, bad_input, .timeout = 900)
 	unlink(csv);
 	free(csv);
 
+	/* A trace with a row twice. */
+	csv = kt_temp_file(
+	    ".csv", "iteration,microbatch,layer,rank,factor\n0,1,0,0,1.5\n0,1,0,0,1.5\n", 63);
+	snprintf(a2, sizeof a2, "--loads %s", csv);
+	st = trainer(&out, 4, plan, a2);
+	cr_expect_eq(st, 1, "%s", out);
+	cr_expect(strstr(out, "iteration 0 micro-batch 1 layer 0 rank 0 appears twice"), "%s", out);
+	free(out);
+	unlink(csv);
+	free(csv);
+
 	/* A plan compiled for another model. */
 	char *tiny = kt_temp_file(".kiln", "", 0);
 	const char *args[] = {"compile", kt_src("examples/models/tiny.yaml"), "-o", tiny, NULL};

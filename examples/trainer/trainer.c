@@ -1297,11 +1297,12 @@ static void read_loads(trainer *tr)
 		                    TR_EP +
 		                (size_t)r->rank];
 		if (*cell >= 0) {
+			row dup = *r;
 			free(rows);
 			fail_all(EXIT_INPUT,
 			         "%s: iteration %lld micro-batch %d layer %d rank %d appears "
 			         "twice",
-			         path, (long long)r->it, r->mb, r->layer, r->rank);
+			         path, (long long)dup.it, dup.mb, dup.layer, dup.rank);
 		}
 		*cell = r->factor;
 	}
