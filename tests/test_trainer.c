@@ -122,7 +122,7 @@ Test(trainer, kiln_is_bitwise_identical_to_keeping_everything, .timeout = 1800)
 	cr_assert_eq(read_log(keep_log, k, 32), 20);
 	cr_assert_eq(read_log(kiln_log, l, 32), 20);
 
-	/* kiln's plans here recompute only the cheap norms and offload the
+	/* kiln's plans here recompute only cheap elementwise units and offload the
 	 * rest; --policy mixed cycles every action over every unit, so every
 	 * recompute path (attention's two outputs together and alone, the
 	 * residual, the router, the row map, the experts) is compared too. */
