@@ -47,6 +47,13 @@ int kiln_sim_policy_parse(const char *s)
 	return -1;
 }
 
+/* A unit's bytes as doubles, converted once: base + per_n * n is
+ * kiln_lin_at's value exactly, without its conversions at every call. */
+typedef struct unit_bytes {
+	double base, per_n;       /* kiln_unit.bytes */
+	double ws_base, ws_per_n; /* kiln_unit.workspace_bytes */
+} unit_bytes;
+
 /* Costs of one plan at one bucket's upper edge. */
 typedef struct cost {
 	double exposed_us, serial_us, recompute_us;
@@ -66,6 +73,7 @@ struct kiln_sim_policy {
 	/* Adaptive policies: per (frontier, frontier point) the cost (shared
 	 * by the tables of one frontier), NAN until computed. */
 	cost **frontier_costs;
+	unit_bytes **units; /* per set, per unit */
 };
 
 static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
@@ -201,6 +209,21 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const
 		return -1;
 	p->kind = k;
 	p->c = c;
+	p->units = kiln_arena_alloc(a, sizeof(unit_bytes *) * (size_t)(c->n_sets + 1));
+	if (!p->units)
+		return -1;
+	for (int32_t s = 0; s < c->n_sets; s++) {
+		const kiln_unit_set *set = &c->sets[s];
+		p->units[s] = kiln_arena_alloc(a, sizeof(unit_bytes) * (size_t)(set->n_units + 1));
+		if (!p->units[s])
+			return -1;
+		for (int32_t u = 0; u < set->n_units; u++) {
+			const kiln_unit *un = &set->units[u];
+			p->units[s][u] = (unit_bytes){(double)un->bytes.base, (double)un->bytes.per_n,
+			                              (double)un->workspace_bytes.base,
+			                              (double)un->workspace_bytes.per_n};
+		}
+	}
 	p->serial = k == KILN_SIM_KILN_NO_OVERLAP || k == KILN_SIM_KILN_STATIC_SERIAL;
 	if (k == KILN_SIM_KILN || k == KILN_SIM_KILN_NO_OVERLAP || k == KILN_SIM_KILN_NO_OFFLOAD) {
 		p->rt = rt;
@@ -232,16 +255,45 @@ static const cost *static_cost(const kiln_sim_policy *p, cost *costs, const uint
 	return co;
 }
 
-static void fill(const kiln_sim_policy *p, const kiln_unit_set *set, const uint8_t *actions,
-                 double n, const cost *co, kiln_sim_choice *out)
+/* The resident and transient bytes of kiln_plan_bytes_at, summed in its
+ * order (so the same to the last bit), from the policy's unit_bytes. */
+static void bytes_at(const kiln_sim_policy *p, int32_t set, const uint8_t *actions, double n,
+                     double *resident, double *transient)
 {
-	kiln_plan_bytes pb;
-	kiln_plan_bytes_at(set, actions, set->kind == KILN_LAYER_MOE ? n : 0, &pb);
+	const kiln_unit_set *S = &p->c->sets[set];
+	const unit_bytes *ub = p->units[set];
+	double res = 0, tr = 0;
+	for (int32_t u = 0; u < S->n_units; u++) {
+		double b = ub[u].base + ub[u].per_n * n;
+		switch (actions[u]) {
+		case KILN_ACT_KEEP:
+			res += b;
+			break;
+		case KILN_ACT_RECOMPUTE:
+			tr += b + (ub[u].ws_base + ub[u].ws_per_n * n);
+			break;
+		case KILN_ACT_OFFLOAD:
+			tr += b;
+			break;
+		default:
+			break;
+		}
+	}
+	*resident = res;
+	*transient = tr;
+}
+
+static void fill(const kiln_sim_policy *p, int32_t set, const uint8_t *actions, double n,
+                 const cost *co, kiln_sim_choice *out)
+{
+	const kiln_unit_set *S = &p->c->sets[set];
+	double resident, transient;
+	bytes_at(p, set, actions, S->kind == KILN_LAYER_MOE ? n : 0, &resident, &transient);
 	double ex = p->serial ? co->serial_us : co->exposed_us;
 	double rec = co->recompute_us < ex ? co->recompute_us : ex;
 	/* Whole bytes, as a device holds them (and as accounting counts). */
-	*out = (kiln_sim_choice){.resident_bytes = ceil(pb.resident - 1e-6),
-	                         .transient_bytes = ceil(pb.transient - 1e-6),
+	*out = (kiln_sim_choice){.resident_bytes = ceil(resident - 1e-6),
+	                         .transient_bytes = ceil(transient - 1e-6),
 	                         .exposed_us = ex,
 	                         .recompute_us = rec,
 	                         .copy_us = ex - rec};
@@ -255,15 +307,15 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	const kiln_unit_set *S = &c->sets[set];
 	double bal = S->kind == KILN_LAYER_MOE ? c->graph->layers[S->layer].n_balanced : 0;
 	double r = bal > 0 ? n / bal : 0;
-	int32_t b = kiln_plan_bucket_of(c->buckets, c->n_buckets, r);
-	if (b >= c->n_buckets)
-		b = c->n_buckets - 1;
 	if (!p->rt) {
+		int32_t b = kiln_plan_bucket_of(c->buckets, c->n_buckets, r);
+		if (b >= c->n_buckets)
+			b = c->n_buckets - 1;
 		if (p->kind == KILN_SIM_MINDSPEED && r > 2.0)
-			fill(p, S, p->hot_actions[set], n,
+			fill(p, set, p->hot_actions[set], n,
 			     static_cost(p, p->hot_costs, p->hot_actions[set], set, b), out);
 		else
-			fill(p, S, p->actions[set], n, static_cost(p, p->costs, p->actions[set], set, b),
+			fill(p, set, p->actions[set], n, static_cost(p, p->costs, p->actions[set], set, b),
 			     out);
 		return;
 	}
@@ -290,8 +342,8 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 		cost **fcs = p->frontier_costs;
 		int32_t fid = t->frontier_id;
 		if (!fcs[fid]) {
-			/* Computed on first use; the policy is not shared between
-			 * threads (kiln_sim_run runs one policy at a time). */
+			/* Computed on first use; one thread at a time runs a
+			 * policy (kiln_sim_run). */
 			fcs[fid] = calloc((size_t)t->frontier->n_points, sizeof(cost));
 			if (fcs[fid])
 				for (int32_t i = 0; i < t->frontier->n_points; i++)
@@ -309,7 +361,7 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 		if (slot && !isnan(slot->exposed_us))
 			co = *slot;
 	}
-	fill(p, S, plan.actions, n, &co, out);
+	fill(p, set, plan.actions, n, &co, out);
 	out->over_budget = (plan.flags & KILN_PLAN_OVER_BUDGET) != 0;
 }
 
