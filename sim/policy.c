@@ -86,7 +86,8 @@ struct kiln_sim_policy {
 	unit_bytes **units; /* per set, per unit */
 	/* Static policies: per set the form of actions (and hot_actions). */
 	plan_form **forms, **hot_forms;
-	/* Adaptive policies: per plan pool index its form, built on first use. */
+	/* Adaptive policies: per (set, plan pool index) the plan's form, built
+	 * on first use (sets with the same units share pool plans). */
 	plan_form **plan_forms;
 };
 
@@ -278,7 +279,8 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const
 		    kiln_arena_alloc(a, sizeof(cost *) * (size_t)(c->pool->n_frontiers + 1));
 		if (!p->frontier_costs)
 			return -1;
-		p->plan_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->pool->n + 1));
+		p->plan_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)c->n_sets *
+		                                        (size_t)(c->pool->n + 1));
 		if (!p->plan_forms)
 			return -1;
 	} else if (prepare_static(p, a) != 0) {
@@ -340,16 +342,13 @@ static void fill(const kiln_sim_policy *p, const plan_form *f, double n, const c
 static const plan_form *plan_form_of(const kiln_sim_policy *p, int32_t set, const kiln_plan *plan,
                                      plan_form *tmp, unit_bytes *tmp_units)
 {
-	plan_form **slot = plan->plan >= 0 && plan->plan < p->c->pool->n ? &p->plan_forms[plan->plan]
-	                                                                  : NULL;
-	if (slot && *slot && (*slot)->set == set)
-		return *slot;
-	if (slot && !*slot) {
+	int32_t n = p->c->pool->n;
+	plan_form **slot = plan->plan >= 0 && plan->plan < n
+	                       ? &p->plan_forms[(size_t)set * (size_t)n + (size_t)plan->plan]
+	                       : NULL;
+	if (slot && !*slot)
 		*slot = form_build(p, set, plan->actions, malloc(form_size(p, set)), NULL);
-		if (*slot)
-			return *slot;
-	}
-	return form_build(p, set, plan->actions, tmp, tmp_units);
+	return slot && *slot ? *slot : form_build(p, set, plan->actions, tmp, tmp_units);
 }
 
 void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer, double n,
@@ -425,6 +424,7 @@ void kiln_sim_policy_free(kiln_sim_policy *p)
 		return;
 	for (int32_t i = 0; i <= p->c->pool->n_frontiers; i++)
 		free(p->frontier_costs[i]);
-	for (int32_t i = 0; p->plan_forms && i < p->c->pool->n; i++)
+	size_t n_forms = (size_t)p->c->n_sets * (size_t)p->c->pool->n;
+	for (size_t i = 0; p->plan_forms && i < n_forms; i++)
 		free(p->plan_forms[i]);
 }
