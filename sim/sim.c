@@ -18,6 +18,11 @@
  * largest load, the memory of a rank at the mean load) for time. Neither
  * is a bound; tests hold it within 6% of exact mode on small models
  * (docs/simulator.md, "Scale").
+ *
+ * The policies run on threads (one per online CPU, at most 8): the threads
+ * sample each group's loads together, then take the policies one at a
+ * time. A policy's state and results belong to the thread running it, so
+ * the results are the same on any number of threads.
  */
 #include <math.h>
 #include <pthread.h>
@@ -363,7 +368,8 @@ typedef struct run {
 	double worst[64], rec[64], copy[64];
 	int oom[64];
 	double *iter_sum, *since_ckpt;
-	atomic_int next;   /* the next policy to take in this group */
+	int32_t order[64]; /* the policies in the order the threads take them */
+	atomic_int next;   /* the next of order to take in this group */
 	atomic_int failed; /* a pipeline failed to simulate */
 	pthread_barrier_t phase;
 	/* The threads wait here until the barrier counts those that started
@@ -547,8 +553,8 @@ static void *work(void *arg)
 				atomic_store(&r->next, 0);
 			}
 			pthread_barrier_wait(&r->phase);
-			for (int32_t k; (k = atomic_fetch_add(&r->next, 1)) < r->n;)
-				if (run_policy(r, k, it, &wk->sc) != 0)
+			for (int32_t x; (x = atomic_fetch_add(&r->next, 1)) < r->n;)
+				if (run_policy(r, r->order[x], it, &wk->sc) != 0)
 					atomic_store(&r->failed, 1);
 			pthread_barrier_wait(&r->phase);
 			if (atomic_load(&r->failed))
@@ -610,6 +616,17 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	         .n = n, .threads = threads, .gate = PTHREAD_MUTEX_INITIALIZER,
 	         .opened = PTHREAD_COND_INITIALIZER};
 	r.groups = cfg->max_groups > 0 && cfg->max_groups < w.groups ? cfg->max_groups : w.groups;
+	/* The adaptive policies take several times a static one's time: taken
+	 * first, they leave the short ones to balance the threads. */
+	int32_t n_order = 0;
+	for (int pass = 0; pass < 2; pass++)
+		for (int32_t k = 0; k < n; k++) {
+			kiln_sim_policy_kind p = policies[k];
+			int adaptive = p == KILN_SIM_KILN || p == KILN_SIM_KILN_NO_OFFLOAD ||
+			               p == KILN_SIM_KILN_NO_OVERLAP;
+			if (adaptive == (pass == 0))
+				r.order[n_order++] = k;
+		}
 	size_t n_loads = (size_t)w.m * (size_t)(w.n_moe ? w.n_moe : 1) * (size_t)w.ep;
 	size_t n_rows = (size_t)w.m * (size_t)(w.n_moe ? w.n_moe : 1);
 	size_t n_lay = (size_t)w.p * (size_t)w.m * w.stride;
