@@ -47,6 +47,23 @@ int kiln_sim_policy_parse(const char *s)
 	return -1;
 }
 
+/* A unit's bytes as doubles, converted once: base + per_n * n is
+ * kiln_lin_at's value exactly, without its conversions at every call. */
+typedef struct unit_bytes {
+	double base, per_n;       /* kiln_unit.bytes */
+	double ws_base, ws_per_n; /* kiln_unit.workspace_bytes */
+} unit_bytes;
+
+/* A plan's bytes as kiln_plan_bytes_at sums them, without a branch per
+ * unit: its kept units (resident), then its recomputed and offloaded ones
+ * (transient; an offload's workspace is zero, which adds nothing). Each
+ * sum runs in unit order, so the result is the same to the last bit. */
+typedef struct plan_form {
+	int32_t set;
+	int32_t n_keep, n_moved;
+	unit_bytes *u; /* n_keep kept, then n_moved moved */
+} plan_form;
+
 /* Costs of one plan at one bucket's upper edge. */
 typedef struct cost {
 	double exposed_us, serial_us, recompute_us;
@@ -66,7 +83,41 @@ struct kiln_sim_policy {
 	/* Adaptive policies: per (frontier, frontier point) the cost (shared
 	 * by the tables of one frontier), NAN until computed. */
 	cost **frontier_costs;
+	unit_bytes **units; /* per set, per unit */
+	/* Static policies: per set the form of actions (and hot_actions). */
+	plan_form **forms, **hot_forms;
+	/* Adaptive policies: per (set, plan pool index) the plan's form, built
+	 * on first use (sets with the same units share pool plans). */
+	plan_form **plan_forms;
 };
+
+/* Bytes for a form of set and its units, the units right after it. */
+static size_t form_size(const kiln_sim_policy *p, int32_t set)
+{
+	return sizeof(plan_form) + sizeof(unit_bytes) * (size_t)(p->c->sets[set].n_units + 1);
+}
+
+/* The form of actions for set in f, its units in room (NULL: right after
+ * f, form_size bytes in all); returns f. */
+static plan_form *form_build(const kiln_sim_policy *p, int32_t set, const uint8_t *actions,
+                             plan_form *f, unit_bytes *room)
+{
+	if (!f)
+		return NULL;
+	const kiln_unit_set *S = &p->c->sets[set];
+	*f = (plan_form){.set = set, .u = room ? room : (unit_bytes *)(f + 1)};
+	for (int32_t u = 0; u < S->n_units; u++)
+		if (actions[u] == KILN_ACT_KEEP)
+			f->u[f->n_keep++] = p->units[set][u];
+	for (int32_t u = 0; u < S->n_units; u++) {
+		unit_bytes b = p->units[set][u];
+		if (actions[u] == KILN_ACT_OFFLOAD)
+			b.ws_base = b.ws_per_n = 0;
+		if (actions[u] == KILN_ACT_RECOMPUTE || actions[u] == KILN_ACT_OFFLOAD)
+			f->u[f->n_keep + f->n_moved++] = b;
+	}
+	return f;
+}
 
 static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
 {
@@ -201,6 +252,21 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const
 		return -1;
 	p->kind = k;
 	p->c = c;
+	p->units = kiln_arena_alloc(a, sizeof(unit_bytes *) * (size_t)(c->n_sets + 1));
+	if (!p->units)
+		return -1;
+	for (int32_t s = 0; s < c->n_sets; s++) {
+		const kiln_unit_set *set = &c->sets[s];
+		p->units[s] = kiln_arena_alloc(a, sizeof(unit_bytes) * (size_t)(set->n_units + 1));
+		if (!p->units[s])
+			return -1;
+		for (int32_t u = 0; u < set->n_units; u++) {
+			const kiln_unit *un = &set->units[u];
+			p->units[s][u] = (unit_bytes){(double)un->bytes.base, (double)un->bytes.per_n,
+			                              (double)un->workspace_bytes.base,
+			                              (double)un->workspace_bytes.per_n};
+		}
+	}
 	p->serial = k == KILN_SIM_KILN_NO_OVERLAP || k == KILN_SIM_KILN_STATIC_SERIAL;
 	if (k == KILN_SIM_KILN || k == KILN_SIM_KILN_NO_OVERLAP || k == KILN_SIM_KILN_NO_OFFLOAD) {
 		p->rt = rt;
@@ -213,8 +279,27 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const
 		    kiln_arena_alloc(a, sizeof(cost *) * (size_t)(c->pool->n_frontiers + 1));
 		if (!p->frontier_costs)
 			return -1;
+		p->plan_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)c->n_sets *
+		                                        (size_t)(c->pool->n + 1));
+		if (!p->plan_forms)
+			return -1;
 	} else if (prepare_static(p, a) != 0) {
 		return -1;
+	} else {
+		p->forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
+		p->hot_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
+		if (!p->forms || !p->hot_forms)
+			return -1;
+		for (int32_t s = 0; s < c->n_sets; s++) {
+			p->forms[s] =
+			    form_build(p, s, p->actions[s], kiln_arena_alloc(a, form_size(p, s)), NULL);
+			p->hot_forms[s] = p->hot_actions ? form_build(p, s, p->hot_actions[s],
+			                                              kiln_arena_alloc(a, form_size(p, s)),
+			                                              NULL)
+			                                 : p->forms[s];
+			if (!p->forms[s] || !p->hot_forms[s])
+				return -1;
+		}
 	}
 	*out = p;
 	return 0;
@@ -232,19 +317,38 @@ static const cost *static_cost(const kiln_sim_policy *p, cost *costs, const uint
 	return co;
 }
 
-static void fill(const kiln_sim_policy *p, const kiln_unit_set *set, const uint8_t *actions,
-                 double n, const cost *co, kiln_sim_choice *out)
+static void fill(const kiln_sim_policy *p, const plan_form *f, double n, const cost *co,
+                 kiln_sim_choice *out)
 {
-	kiln_plan_bytes pb;
-	kiln_plan_bytes_at(set, actions, set->kind == KILN_LAYER_MOE ? n : 0, &pb);
+	if (p->c->sets[f->set].kind != KILN_LAYER_MOE)
+		n = 0;
+	double resident = 0, transient = 0;
+	for (int32_t k = 0; k < f->n_keep; k++)
+		resident += f->u[k].base + f->u[k].per_n * n;
+	for (int32_t k = f->n_keep; k < f->n_keep + f->n_moved; k++)
+		transient += f->u[k].base + f->u[k].per_n * n + (f->u[k].ws_base + f->u[k].ws_per_n * n);
 	double ex = p->serial ? co->serial_us : co->exposed_us;
 	double rec = co->recompute_us < ex ? co->recompute_us : ex;
 	/* Whole bytes, as a device holds them (and as accounting counts). */
-	*out = (kiln_sim_choice){.resident_bytes = ceil(pb.resident - 1e-6),
-	                         .transient_bytes = ceil(pb.transient - 1e-6),
+	*out = (kiln_sim_choice){.resident_bytes = ceil(resident - 1e-6),
+	                         .transient_bytes = ceil(transient - 1e-6),
 	                         .exposed_us = ex,
 	                         .recompute_us = rec,
 	                         .copy_us = ex - rec};
+}
+
+/* The form of an adaptive policy's plan, built on first use (one thread
+ * at a time runs a policy); when it cannot be kept, built in tmp. */
+static const plan_form *plan_form_of(const kiln_sim_policy *p, int32_t set, const kiln_plan *plan,
+                                     plan_form *tmp, unit_bytes *tmp_units)
+{
+	int32_t n = p->c->pool->n;
+	plan_form **slot = plan->plan >= 0 && plan->plan < n
+	                       ? &p->plan_forms[(size_t)set * (size_t)n + (size_t)plan->plan]
+	                       : NULL;
+	if (slot && !*slot)
+		*slot = form_build(p, set, plan->actions, malloc(form_size(p, set)), NULL);
+	return slot && *slot ? *slot : form_build(p, set, plan->actions, tmp, tmp_units);
 }
 
 void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer, double n,
@@ -255,16 +359,15 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	const kiln_unit_set *S = &c->sets[set];
 	double bal = S->kind == KILN_LAYER_MOE ? c->graph->layers[S->layer].n_balanced : 0;
 	double r = bal > 0 ? n / bal : 0;
-	int32_t b = kiln_plan_bucket_of(c->buckets, c->n_buckets, r);
-	if (b >= c->n_buckets)
-		b = c->n_buckets - 1;
 	if (!p->rt) {
+		int32_t b = kiln_plan_bucket_of(c->buckets, c->n_buckets, r);
+		if (b >= c->n_buckets)
+			b = c->n_buckets - 1;
 		if (p->kind == KILN_SIM_MINDSPEED && r > 2.0)
-			fill(p, S, p->hot_actions[set], n,
+			fill(p, p->hot_forms[set], n,
 			     static_cost(p, p->hot_costs, p->hot_actions[set], set, b), out);
 		else
-			fill(p, S, p->actions[set], n, static_cost(p, p->costs, p->actions[set], set, b),
-			     out);
+			fill(p, p->forms[set], n, static_cost(p, p->costs, p->actions[set], set, b), out);
 		return;
 	}
 	kiln_query q = {.stage = S->stage,
@@ -290,8 +393,8 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 		cost **fcs = p->frontier_costs;
 		int32_t fid = t->frontier_id;
 		if (!fcs[fid]) {
-			/* Computed on first use; the policy is not shared between
-			 * threads (kiln_sim_run runs one policy at a time). */
+			/* Computed on first use; one thread at a time runs a
+			 * policy (kiln_sim_run). */
 			fcs[fid] = calloc((size_t)t->frontier->n_points, sizeof(cost));
 			if (fcs[fid])
 				for (int32_t i = 0; i < t->frontier->n_points; i++)
@@ -309,7 +412,9 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 		if (slot && !isnan(slot->exposed_us))
 			co = *slot;
 	}
-	fill(p, S, plan.actions, n, &co, out);
+	plan_form tmp;
+	unit_bytes tmp_units[KILN_PLAN_MAX_UNITS];
+	fill(p, plan_form_of(p, set, &plan, &tmp, tmp_units), n, &co, out);
 	out->over_budget = (plan.flags & KILN_PLAN_OVER_BUDGET) != 0;
 }
 
@@ -319,4 +424,7 @@ void kiln_sim_policy_free(kiln_sim_policy *p)
 		return;
 	for (int32_t i = 0; i <= p->c->pool->n_frontiers; i++)
 		free(p->frontier_costs[i]);
+	size_t n_forms = (size_t)p->c->n_sets * (size_t)p->c->pool->n;
+	for (size_t i = 0; p->plan_forms && i < n_forms; i++)
+		free(p->plan_forms[i]);
 }

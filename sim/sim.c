@@ -18,10 +18,18 @@
  * largest load, the memory of a rank at the mean load) for time. Neither
  * is a bound; tests hold it within 6% of exact mode on small models
  * (docs/simulator.md, "Scale").
+ *
+ * The policies run on threads (one per online CPU, at most 8): the threads
+ * sample each group's loads together, then take the policies one at a
+ * time. A policy's state and results belong to the thread running it, so
+ * the results are the same on any number of threads.
  */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "costmodel/costmodel.h"
 #include "passes/passes.h"
@@ -30,6 +38,8 @@
 #define GRID 33 /* time samples per layer over [0, n_max] */
 /* Ranks per EP group whose memory the statistical method follows exactly. */
 #define KILN_SIM_CANDIDATES 4
+/* Threads a run takes at most (one per online CPU by default). */
+#define KILN_SIM_MAX_THREADS 8
 
 typedef struct layer_info {
 	int32_t graph_layer; /* index into graph->layers */
@@ -182,21 +192,49 @@ typedef struct scratch {
 	double *layer_f, *layer_b; /* per (stage, micro-batch, layer): the slowest rank's */
 	double *held;         /* per micro-batch of the current stage: device bytes */
 	double *peak;         /* per stage */
+	size_t n_lay;         /* entries of layer_f and layer_b */
 	int oom;
 	int64_t over_budget;
 	kiln_rt *acct;        /* mirror of the kiln policy's memory, or NULL */
-	const int32_t *cand;  /* ranks followed exactly (the envelope leaves their layers to them) */
-	int32_t n_cand;
 	int64_t acct_checks, acct_mismatches;
 } scratch;
 
+/* One group's iteration as every policy sees it: the loads and what the
+ * statistical method derives from them, computed once for all policies. */
+typedef struct envelope {
+	const double *loads;  /* [(i * n_moe + k) * ep + r] */
+	const int32_t *top;   /* per (i, k): the most loaded rank (ties to the lower) */
+	const double *mean;   /* per (i, k): the mean factor over the ranks */
+	const int32_t *cand;  /* ranks followed exactly (the envelope leaves their layers to them) */
+	int32_t n_cand;
+} envelope;
+
+/* The most loaded rank and the mean factor of every (micro-batch, MoE
+ * layer) of micro-batches i0, i0 + step, ... */
+static void envelope_rows(const world *w, const double *loads, int32_t i0, int32_t step,
+                          int32_t *top, double *mean)
+{
+	for (int32_t i = i0; i < w->m; i += step)
+		for (int32_t k = 0; k < w->n_moe; k++) {
+			size_t at = (size_t)i * w->n_moe + k;
+			const double *v = &loads[at * w->ep];
+			int32_t t = 0;
+			double sum = v[0];
+			for (int32_t r = 1; r < w->ep; r++) {
+				t = v[r] > v[t] ? r : t;
+				sum += v[r];
+			}
+			top[at] = t;
+			mean[at] = sum / w->ep;
+		}
+}
+
 /* One rank through one iteration under policy pol: decisions, memory,
- * per-layer times (kept as the maximum over the ranks seen). loads[(i *
- * n_moe + k) * ep + r] is rank r's factor for micro-batch i and MoE layer
- * k; rank -1 takes the largest. memory: whether this rank's memory counts
+ * per-layer times (kept as the maximum over the ranks seen), at env's
+ * loads; rank -1 is the envelope (each layer's most loaded rank). memory: whether this rank's memory counts
  * (peak, out-of-memory); the envelope's does not. */
 static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
-                     const double *loads, int32_t rank, int memory, scratch *sc)
+                     const envelope *env, int32_t rank, int memory, scratch *sc)
 {
 	for (int32_t s = 0; s < w->p; s++) {
 		const stage_info *si = &w->stages[s];
@@ -223,21 +261,18 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
 				double r = 1, mean = 1;
 				int timed = 1; /* whether this rank's time of the layer counts */
 				if (li->moe_index >= 0) {
-					const double *v = &loads[((size_t)i * w->n_moe + li->moe_index) * w->ep];
+					const double *v =
+					    &env->loads[((size_t)i * w->n_moe + li->moe_index) * w->ep];
 					if (rank >= 0) {
 						r = v[rank];
 					} else {
-						int32_t top = 0;
-						mean = v[0];
-						for (int32_t k = 1; k < w->ep; k++) {
-							top = v[k] > v[top] ? k : top;
-							mean += v[k];
-						}
+						size_t at = (size_t)i * w->n_moe + li->moe_index;
+						int32_t top = env->top[at];
 						r = v[top];
-						mean /= w->ep;
+						mean = env->mean[at];
 						/* A followed rank times its own layer. */
-						for (int32_t j = 0; j < sc->n_cand; j++)
-							timed &= sc->cand[j] != top;
+						for (int32_t j = 0; j < env->n_cand; j++)
+							timed &= env->cand[j] != top;
 					}
 				}
 				double n = r * li->n_bal;
@@ -310,6 +345,251 @@ static double sum_layers(const world *w, const scratch *sc, int32_t s, int32_t i
 	return t;
 }
 
+/* One run of kiln_sim_run, shared by its threads. Per iteration and group
+ * the threads sample the loads together (a share of the micro-batches
+ * each), then take the policies one at a time until none is left; a
+ * policy's state and results are touched by the thread running it only,
+ * and barriers order the phases, so the results do not depend on the
+ * number of threads or on which thread ran what. */
+typedef struct run {
+	const kiln_sim_config *cfg;
+	const world *w, *w2; /* w2: kiln:no-offload's */
+	const kiln_sim_policy_kind *policies;
+	kiln_sim_policy **pols;
+	kiln_sim_result *out;
+	kiln_pipe_op **ops; /* per policy: room for the last iteration's schedule */
+	FILE *err;
+	int32_t n, groups, threads;
+	double *loads, *rows_of, *mean;
+	int32_t *top;
+	int32_t cand[KILN_SIM_CANDIDATES], n_cand;
+	/* Per policy, this iteration: the slowest group's time, whether a
+	 * device ran out of memory, the exposed recompute and copies. */
+	double worst[64], rec[64], copy[64];
+	int oom[64];
+	double *iter_sum, *since_ckpt;
+	int32_t order[64]; /* the policies in the order the threads take them */
+	atomic_int next;   /* the next of order to take in this group */
+	atomic_int failed; /* a pipeline failed to simulate */
+	pthread_barrier_t phase;
+	/* The threads wait here until the barrier counts those that started
+	 * (go 1), or give up (go -1). */
+	pthread_mutex_t gate;
+	pthread_cond_t opened;
+	int go;
+} run;
+
+typedef struct worker {
+	run *r;
+	int32_t t; /* 0 is kiln_sim_run's own thread */
+	scratch sc;
+	pthread_t id;
+} worker;
+
+/* This thread's share of group g's loads in iteration it, and their
+ * envelope. */
+static void sample_share(run *r, int32_t t, int64_t it, int32_t g)
+{
+	const world *w = r->w;
+	const kiln_sim_config *cfg = r->cfg;
+	for (int32_t i = t; i < w->m; i += r->threads)
+		for (int32_t k = 0; k < w->n_moe; k++) {
+			double *v = &r->loads[((size_t)i * w->n_moe + k) * w->ep];
+			if (cfg->c->model->moe)
+				kiln_load_sample(cfg->loads, &w->shape, cfg->seed, it, i, k, g, v);
+			else
+				v[0] = 1;
+		}
+	envelope_rows(w, r->loads, t, r->threads, r->top, r->mean);
+}
+
+/* The candidates: the KILN_SIM_CANDIDATES ranks with the most rows over
+ * the iteration's samples (ties to the lower rank). */
+static void choose_candidates(run *r)
+{
+	const world *w = r->w;
+	size_t rows = (size_t)w->m * (size_t)(w->n_moe ? w->n_moe : 1);
+	for (int32_t k = 0; k < w->ep; k++)
+		r->rows_of[k] = 0;
+	for (size_t x = 0; x < rows; x++)
+		for (int32_t k = 0; k < w->ep; k++)
+			r->rows_of[k] += r->loads[x * (size_t)w->ep + (size_t)k];
+	r->n_cand = 0;
+	while (r->n_cand < KILN_SIM_CANDIDATES && r->n_cand < w->ep) {
+		int32_t best = -1;
+		for (int32_t k = 0; k < w->ep; k++) {
+			int taken = 0;
+			for (int32_t j = 0; j < r->n_cand; j++)
+				taken |= r->cand[j] == k;
+			if (!taken && (best < 0 || r->rows_of[k] > r->rows_of[best]))
+				best = k;
+		}
+		r->cand[r->n_cand++] = best;
+	}
+}
+
+/* Policy k through one group's iteration it. Returns -1 when the
+ * pipeline failed to simulate. */
+static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
+{
+	const kiln_sim_config *cfg = r->cfg;
+	const world *w = r->w;
+	const world *pw = r->policies[k] == KILN_SIM_KILN_NO_OFFLOAD ? r->w2 : r->w;
+	kiln_sim_result *out = &r->out[k];
+	envelope env = {.loads = r->loads,
+	                .top = r->top,
+	                .mean = r->mean,
+	                .cand = r->cand,
+	                .n_cand = r->n_cand};
+	memset(sc->layer_f, 0, sizeof(double) * sc->n_lay);
+	memset(sc->layer_b, 0, sizeof(double) * sc->n_lay);
+	memset(sc->peak, 0, sizeof(double) * (size_t)w->p);
+	sc->oom = 0;
+	sc->acct = r->policies[k] == KILN_SIM_KILN ? cfg->acct_rt : NULL;
+	sc->acct_checks = sc->acct_mismatches = 0;
+	int unb = r->policies[k] == KILN_SIM_UNBOUNDED;
+	if (cfg->exact) {
+		for (int32_t x = 0; x < w->ep; x++)
+			run_rank(pw, r->pols[k], unb, &env, x, 1, sc);
+	} else {
+		/* Time from the envelope; memory from the ranks that carry the
+		 * most rows this iteration. */
+		run_rank(pw, r->pols[k], unb, &env, -1, 0, sc);
+		for (int32_t j = 0; j < r->n_cand; j++)
+			run_rank(pw, r->pols[k], unb, &env, r->cand[j], 1, sc);
+	}
+	for (int32_t s = 0; s < w->p; s++) {
+		for (int32_t ch = 0; ch < w->v; ch++)
+			for (int32_t i = 0; i < w->m; i++) {
+				size_t at = ((size_t)s * w->v + ch) * w->m + i;
+				sc->fwd[at] = sum_layers(pw, sc, s, i, ch, 0, 0);
+				sc->bwd[at] = sum_layers(pw, sc, s, i, ch, 1, 0);
+			}
+		for (int32_t i = 0; i < w->m; i++) {
+			r->rec[k] += sum_layers(pw, sc, s, i, -1, 1, 1) / w->p;
+			r->copy[k] += sum_layers(pw, sc, s, i, -1, 0, 1) / w->p;
+		}
+		if (sc->peak[s] > out->peak_bytes[s])
+			out->peak_bytes[s] = sc->peak[s];
+	}
+	kiln_arena *pa = kiln_arena_new();
+	kiln_pipe_work pwk = {.kind = w->v > 1 ? KILN_PIPE_INTERLEAVED : KILN_PIPE_1F1B,
+	                      .p = w->p, .m = w->m, .v = w->v,
+	                      .fwd_us = sc->fwd, .bwd_us = sc->bwd};
+	kiln_pipe_result pr;
+	if (!pa || kiln_pipe_simulate(&pwk, pa, r->err, &pr) != 0) {
+		kiln_arena_free(pa);
+		return -1;
+	}
+	if (pr.makespan_us > r->worst[k])
+		r->worst[k] = pr.makespan_us;
+	/* The last iteration's schedule of the slowest group, for kilnc
+	 * simulate --emit-trace. */
+	if (it == cfg->iterations - 1 && pr.makespan_us >= r->worst[k] && r->ops[k]) {
+		size_t n_ops = 2 * (size_t)w->p * (size_t)w->v * (size_t)w->m;
+		memcpy(r->ops[k], pr.ops, sizeof(kiln_pipe_op) * n_ops);
+		out->last_ops = r->ops[k];
+		out->n_last_ops = (int32_t)n_ops;
+	}
+	kiln_arena_free(pa);
+	r->oom[k] |= sc->oom;
+	out->over_budget += sc->over_budget;
+	out->acct_checks += sc->acct_checks;
+	out->acct_mismatches += sc->acct_mismatches;
+	sc->over_budget = 0;
+	return 0;
+}
+
+/* The end of iteration it: its time, restarts, checkpoints, progress. */
+static void end_iteration(run *r, int64_t it, int *last_pct)
+{
+	const kiln_sim_config *cfg = r->cfg;
+	int64_t every = cfg->checkpoint_every > 0 ? cfg->checkpoint_every : 100;
+	for (int32_t k = 0; k < r->n; k++) {
+		kiln_sim_result *out = &r->out[k];
+		double it_s = r->worst[k] * 1e-6;
+		r->iter_sum[k] += it_s;
+		r->since_ckpt[k] += it_s;
+		out->recompute_s += r->rec[k] * 1e-6 / r->groups;
+		out->copy_s += r->copy[k] * 1e-6 / r->groups;
+		if (r->oom[k]) {
+			out->ooms++;
+			out->oom_lost_s += cfg->restart_s + r->since_ckpt[k];
+			r->since_ckpt[k] = 0;
+		}
+		if ((it + 1) % every == 0)
+			r->since_ckpt[k] = 0;
+	}
+	int pct = (int)((it + 1) * 10 / cfg->iterations);
+	if (cfg->progress && pct != *last_pct) {
+		fprintf(cfg->progress, "simulate: %lld of %lld iterations\n", (long long)(it + 1),
+		        (long long)cfg->iterations);
+		*last_pct = pct;
+	}
+}
+
+/* Every thread's loop over the iterations and groups. */
+static void *work(void *arg)
+{
+	worker *wk = arg;
+	run *r = wk->r;
+	int last_pct = -1;
+	pthread_mutex_lock(&r->gate);
+	while (r->go == 0)
+		pthread_cond_wait(&r->opened, &r->gate);
+	int go = r->go;
+	pthread_mutex_unlock(&r->gate);
+	if (go < 0)
+		return NULL;
+	for (int64_t it = 0; it < r->cfg->iterations; it++) {
+		for (int32_t g = 0; g < r->groups; g++) {
+			sample_share(r, wk->t, it, g);
+			pthread_barrier_wait(&r->phase);
+			if (wk->t == 0) {
+				if (g == 0)
+					for (int32_t k = 0; k < r->n; k++)
+						r->worst[k] = 0, r->oom[k] = 0, r->rec[k] = r->copy[k] = 0;
+				choose_candidates(r);
+				atomic_store(&r->next, 0);
+			}
+			pthread_barrier_wait(&r->phase);
+			for (int32_t x; (x = atomic_fetch_add(&r->next, 1)) < r->n;)
+				if (run_policy(r, r->order[x], it, &wk->sc) != 0)
+					atomic_store(&r->failed, 1);
+			pthread_barrier_wait(&r->phase);
+			if (atomic_load(&r->failed))
+				return NULL;
+		}
+		if (wk->t == 0)
+			end_iteration(r, it, &last_pct);
+	}
+	return NULL;
+}
+
+static int scratch_new(const world *w, size_t n_lay, scratch *sc)
+{
+	*sc = (scratch){
+	    .fwd = calloc((size_t)w->p * w->v * w->m, sizeof(double)),
+	    .bwd = calloc((size_t)w->p * w->v * w->m, sizeof(double)),
+	    .layer_f = calloc(n_lay, sizeof(double)),
+	    .layer_b = calloc(n_lay, sizeof(double)),
+	    .held = calloc((size_t)w->m, sizeof(double)),
+	    .peak = calloc((size_t)w->p, sizeof(double)),
+	    .n_lay = n_lay,
+	};
+	return sc->fwd && sc->bwd && sc->layer_f && sc->layer_b && sc->held && sc->peak ? 0 : -1;
+}
+
+static void scratch_free(scratch *sc)
+{
+	free(sc->fwd);
+	free(sc->bwd);
+	free(sc->layer_f);
+	free(sc->layer_b);
+	free(sc->held);
+	free(sc->peak);
+}
+
 int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policies, int32_t n,
                  kiln_arena *a, FILE *err, kiln_sim_result *out)
 {
@@ -321,32 +601,57 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	}
 	if (cfg->c_no_offload && build_world(cfg->c_no_offload, a, &w2) != 0)
 		return -1;
-	int32_t groups = cfg->max_groups > 0 && cfg->max_groups < w.groups ? cfg->max_groups : w.groups;
-	size_t n_loads = (size_t)w.m * (size_t)(w.n_moe ? w.n_moe : 1) * (size_t)w.ep;
 	if (n < 1 || n > 64) {
 		fprintf(err, "kilnc: error: simulate: 1 to 64 policies at a time, got %d\n", (int)n);
 		return -1;
 	}
-	double *loads = calloc(n_loads, sizeof(double));
-	double *rows_of = malloc(sizeof(double) * (size_t)w.ep);
-	kiln_sim_policy **pols = calloc((size_t)n, sizeof *pols);
+	int32_t threads = cfg->threads;
+	if (threads <= 0) {
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+		threads = cpus > 0 && cpus < KILN_SIM_MAX_THREADS ? (int32_t)cpus : KILN_SIM_MAX_THREADS;
+	}
+	threads = threads < n ? threads : n;
+	threads = threads < KILN_SIM_MAX_THREADS ? threads : KILN_SIM_MAX_THREADS;
+	run r = {.cfg = cfg, .w = &w, .w2 = &w2, .policies = policies, .out = out, .err = err,
+	         .n = n, .threads = threads, .gate = PTHREAD_MUTEX_INITIALIZER,
+	         .opened = PTHREAD_COND_INITIALIZER};
+	r.groups = cfg->max_groups > 0 && cfg->max_groups < w.groups ? cfg->max_groups : w.groups;
+	/* The adaptive policies take several times a static one's time: taken
+	 * first, they leave the short ones to balance the threads. */
+	int32_t n_order = 0;
+	for (int pass = 0; pass < 2; pass++)
+		for (int32_t k = 0; k < n; k++) {
+			kiln_sim_policy_kind p = policies[k];
+			int adaptive = p == KILN_SIM_KILN || p == KILN_SIM_KILN_NO_OFFLOAD ||
+			               p == KILN_SIM_KILN_NO_OVERLAP;
+			if (adaptive == (pass == 0))
+				r.order[n_order++] = k;
+		}
+	size_t n_loads = (size_t)w.m * (size_t)(w.n_moe ? w.n_moe : 1) * (size_t)w.ep;
+	size_t n_rows = (size_t)w.m * (size_t)(w.n_moe ? w.n_moe : 1);
 	size_t n_lay = (size_t)w.p * (size_t)w.m * w.stride;
 	if (cfg->c_no_offload && w2.stride > w.stride)
 		n_lay = (size_t)w.p * (size_t)w.m * w2.stride;
-	scratch sc = {
-	    .fwd = calloc((size_t)w.p * w.v * w.m, sizeof(double)),
-	    .bwd = calloc((size_t)w.p * w.v * w.m, sizeof(double)),
-	    .layer_f = calloc(n_lay, sizeof(double)),
-	    .layer_b = calloc(n_lay, sizeof(double)),
-	    .held = calloc((size_t)w.m, sizeof(double)),
-	    .peak = calloc((size_t)w.p, sizeof(double)),
-	};
-	int rc = -1;
-	if (!loads || !rows_of || !pols || !sc.fwd || !sc.bwd || !sc.layer_f || !sc.layer_b || !sc.held ||
-	    !sc.peak) {
+	worker wks[KILN_SIM_MAX_THREADS];
+	memset(wks, 0, sizeof wks);
+	r.loads = calloc(n_loads, sizeof(double));
+	r.rows_of = malloc(sizeof(double) * (size_t)w.ep);
+	r.top = calloc(n_rows, sizeof(int32_t));
+	r.mean = calloc(n_rows, sizeof(double));
+	r.pols = calloc((size_t)n, sizeof *r.pols);
+	r.ops = calloc((size_t)n, sizeof *r.ops);
+	r.iter_sum = calloc((size_t)n, sizeof(double));
+	r.since_ckpt = calloc((size_t)n, sizeof(double));
+	int rc = -1, started = 0, barrier = 0;
+	int ok = r.loads && r.rows_of && r.top && r.mean && r.pols && r.ops && r.iter_sum &&
+	         r.since_ckpt;
+	for (int32_t t = 0; t < threads && ok; t++)
+		ok = scratch_new(&w, n_lay, &wks[t].sc) == 0;
+	if (!ok) {
 		fprintf(err, "kilnc: error: simulate: out of memory\n");
 		goto out;
 	}
+	size_t n_ops = 2 * (size_t)w.p * (size_t)w.v * (size_t)w.m;
 	for (int32_t k = 0; k < n; k++) {
 		int no_off = policies[k] == KILN_SIM_KILN_NO_OFFLOAD;
 		const kiln_compilation *pc = no_off ? cfg->c_no_offload : c;
@@ -355,172 +660,66 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 			goto out;
 		}
 		if (kiln_sim_policy_new(policies[k], pc, no_off ? cfg->rt_no_offload : cfg->rt, a, err,
-		                        &pols[k]) != 0)
+		                        &r.pols[k]) != 0)
 			goto out;
 		out[k] = (kiln_sim_result){.policy = policies[k], .n_stages = w.p};
 		out[k].peak_bytes = kiln_arena_alloc(a, sizeof(double) * (size_t)w.p);
 		if (!out[k].peak_bytes)
 			goto out;
+		/* The arena is not for threads: the schedule's room now. */
+		r.ops[k] = kiln_arena_alloc(a, sizeof(kiln_pipe_op) * n_ops);
 	}
-	double *iter_sum = calloc((size_t)n, sizeof(double));
-	double *since_ckpt = calloc((size_t)n, sizeof(double));
-	if (!iter_sum || !since_ckpt) {
-		free(iter_sum);
-		free(since_ckpt);
+	for (int32_t t = 0; t < threads; t++) {
+		wks[t].r = &r;
+		wks[t].t = t;
+	}
+	for (started = 1; started < threads; started++)
+		if (pthread_create(&wks[started].id, NULL, work, &wks[started]) != 0)
+			break;
+	/* Fewer threads than asked is fine: the work does not depend on it. */
+	r.threads = started;
+	barrier = pthread_barrier_init(&r.phase, NULL, (unsigned)started) == 0;
+	pthread_mutex_lock(&r.gate);
+	r.go = barrier ? 1 : -1;
+	pthread_cond_broadcast(&r.opened);
+	pthread_mutex_unlock(&r.gate);
+	if (!barrier)
 		goto out;
-	}
-	int64_t every = cfg->checkpoint_every > 0 ? cfg->checkpoint_every : 100;
-	int last_pct = -1;
-	for (int64_t it = 0; it < cfg->iterations; it++) {
-		double worst[64];
-		int oom[64];
-		double rec[64], copy[64];
-		for (int32_t k = 0; k < n && k < 64; k++)
-			worst[k] = 0, oom[k] = 0, rec[k] = copy[k] = 0;
-		for (int32_t g = 0; g < groups; g++) {
-			for (int32_t i = 0; i < w.m; i++)
-				for (int32_t k = 0; k < w.n_moe; k++) {
-					double *v = &loads[((size_t)i * w.n_moe + k) * w.ep];
-					if (c->model->moe)
-						kiln_load_sample(cfg->loads, &w.shape, cfg->seed, it, i, k, g, v);
-					else
-						v[0] = 1;
-				}
-			/* The candidates: the KILN_SIM_CANDIDATES ranks with the most
-			 * rows over the iteration's samples (ties to the lower rank). */
-			int32_t cand[KILN_SIM_CANDIDATES], n_cand = 0;
-			for (int32_t r = 0; r < w.ep; r++)
-				rows_of[r] = 0;
-			for (size_t x = 0; x < n_loads; x++)
-				rows_of[x % (size_t)w.ep] += loads[x];
-			while (n_cand < KILN_SIM_CANDIDATES && n_cand < w.ep) {
-				int32_t best = -1;
-				for (int32_t r = 0; r < w.ep; r++) {
-					int taken = 0;
-					for (int32_t j = 0; j < n_cand; j++)
-						taken |= cand[j] == r;
-					if (!taken && (best < 0 || rows_of[r] > rows_of[best]))
-						best = r;
-				}
-				cand[n_cand++] = best;
-			}
-			for (int32_t k = 0; k < n && k < 64; k++) {
-				const world *pw = policies[k] == KILN_SIM_KILN_NO_OFFLOAD ? &w2 : &w;
-				memset(sc.layer_f, 0, sizeof(double) * n_lay);
-				memset(sc.layer_b, 0, sizeof(double) * n_lay);
-				memset(sc.peak, 0, sizeof(double) * (size_t)w.p);
-				sc.oom = 0;
-				sc.acct = policies[k] == KILN_SIM_KILN ? cfg->acct_rt : NULL;
-				sc.acct_checks = sc.acct_mismatches = 0;
-				int unb = policies[k] == KILN_SIM_UNBOUNDED;
-				if (cfg->exact) {
-					for (int32_t r = 0; r < w.ep; r++)
-						run_rank(pw, pols[k], unb, loads, r, 1, &sc);
-				} else {
-					/* Time from the envelope; memory from the ranks that
-					 * carry the most rows this iteration. */
-					sc.cand = cand;
-					sc.n_cand = n_cand;
-					run_rank(pw, pols[k], unb, loads, -1, 0, &sc);
-					for (int32_t j = 0; j < n_cand; j++)
-						run_rank(pw, pols[k], unb, loads, cand[j], 1, &sc);
-				}
-				for (int32_t s = 0; s < w.p; s++) {
-					for (int32_t ch = 0; ch < w.v; ch++)
-						for (int32_t i = 0; i < w.m; i++) {
-							size_t at = ((size_t)s * w.v + ch) * w.m + i;
-							sc.fwd[at] = sum_layers(pw, &sc, s, i, ch, 0, 0);
-							sc.bwd[at] = sum_layers(pw, &sc, s, i, ch, 1, 0);
-						}
-					for (int32_t i = 0; i < w.m; i++) {
-						rec[k] += sum_layers(pw, &sc, s, i, -1, 1, 1) / w.p;
-						copy[k] += sum_layers(pw, &sc, s, i, -1, 0, 1) / w.p;
-					}
-					if (sc.peak[s] > out[k].peak_bytes[s])
-						out[k].peak_bytes[s] = sc.peak[s];
-				}
-				kiln_arena *pa = kiln_arena_new();
-				kiln_pipe_work pwk = {.kind = w.v > 1 ? KILN_PIPE_INTERLEAVED : KILN_PIPE_1F1B,
-				                      .p = w.p, .m = w.m, .v = w.v,
-				                      .fwd_us = sc.fwd, .bwd_us = sc.bwd};
-				kiln_pipe_result pr;
-				if (!pa || kiln_pipe_simulate(&pwk, pa, err, &pr) != 0) {
-					kiln_arena_free(pa);
-					free(iter_sum);
-					free(since_ckpt);
-					goto out;
-				}
-				if (pr.makespan_us > worst[k])
-					worst[k] = pr.makespan_us;
-				/* The last iteration's schedule of the slowest group, for
-				 * kilnc simulate --emit-trace. */
-				if (it == cfg->iterations - 1 && pr.makespan_us >= worst[k]) {
-					size_t n_ops = 2 * (size_t)w.p * (size_t)w.v * (size_t)w.m;
-					kiln_pipe_op *ops = out[k].last_ops;
-					if (!ops)
-						ops = kiln_arena_alloc(a, sizeof(kiln_pipe_op) * n_ops);
-					if (ops) {
-						memcpy(ops, pr.ops, sizeof(kiln_pipe_op) * n_ops);
-						out[k].last_ops = ops;
-						out[k].n_last_ops = (int32_t)n_ops;
-					}
-				}
-				kiln_arena_free(pa);
-				oom[k] |= sc.oom;
-				out[k].over_budget += sc.over_budget;
-				out[k].acct_checks += sc.acct_checks;
-				out[k].acct_mismatches += sc.acct_mismatches;
-				sc.over_budget = 0;
-			}
-		}
-		for (int32_t k = 0; k < n && k < 64; k++) {
-			double it_s = worst[k] * 1e-6;
-			iter_sum[k] += it_s;
-			since_ckpt[k] += it_s;
-			out[k].recompute_s += rec[k] * 1e-6 / groups;
-			out[k].copy_s += copy[k] * 1e-6 / groups;
-			if (oom[k]) {
-				out[k].ooms++;
-				out[k].oom_lost_s += cfg->restart_s + since_ckpt[k];
-				since_ckpt[k] = 0;
-			}
-			if ((it + 1) % every == 0)
-				since_ckpt[k] = 0;
-		}
-		int pct = (int)((it + 1) * 10 / cfg->iterations);
-		if (cfg->progress && pct != last_pct) {
-			fprintf(cfg->progress, "simulate: %lld of %lld iterations\n", (long long)(it + 1),
-			        (long long)cfg->iterations);
-			last_pct = pct;
-		}
-	}
+	work(&wks[0]);
+	if (atomic_load(&r.failed))
+		goto out;
 	for (int32_t k = 0; k < n; k++) {
-		kiln_sim_result *r = &out[k];
-		r->iteration_s = cfg->iterations ? iter_sum[k] / cfg->iterations : 0;
-		r->total_s = iter_sum[k] + r->oom_lost_s;
-		r->tokens_per_s = r->total_s > 0 ? w.tokens_per_iter * cfg->iterations / r->total_s : 0;
+		kiln_sim_result *res = &out[k];
+		res->iteration_s = cfg->iterations ? r.iter_sum[k] / cfg->iterations : 0;
+		res->total_s = r.iter_sum[k] + res->oom_lost_s;
+		res->tokens_per_s =
+		    res->total_s > 0 ? w.tokens_per_iter * cfg->iterations / res->total_s : 0;
 		double devices = (double)c->model->devices;
-		r->mfu = r->total_s > 0 ? w.model_flops * cfg->iterations / (r->total_s * devices * w.peak_flops)
-		                        : 0;
+		res->mfu = res->total_s > 0
+		               ? w.model_flops * cfg->iterations / (res->total_s * devices * w.peak_flops)
+		               : 0;
 		/* Hardware FLOPs add the recomputed forwards, which run at the
 		 * rate the rest does (docs/simulator.md). */
-		double busy = iter_sum[k] > 0 ? r->recompute_s / iter_sum[k] : 0;
-		r->hfu = r->mfu * (1 + busy);
+		double busy = r.iter_sum[k] > 0 ? res->recompute_s / r.iter_sum[k] : 0;
+		res->hfu = res->mfu * (1 + busy);
 	}
-	free(iter_sum);
-	free(since_ckpt);
 	rc = 0;
 out:
-	for (int32_t k = 0; k < n; k++)
-		kiln_sim_policy_free(pols[k]);
-	free(pols);
-	free(loads);
-	free(rows_of);
-	free(sc.fwd);
-	free(sc.bwd);
-	free(sc.layer_f);
-	free(sc.layer_b);
-	free(sc.held);
-	free(sc.peak);
+	for (int32_t t = 1; t < started; t++)
+		pthread_join(wks[t].id, NULL);
+	if (barrier)
+		pthread_barrier_destroy(&r.phase);
+	for (int32_t k = 0; r.pols && k < n; k++)
+		kiln_sim_policy_free(r.pols[k]);
+	for (int32_t t = 0; t < threads; t++)
+		scratch_free(&wks[t].sc);
+	free(r.pols);
+	free(r.ops);
+	free(r.loads);
+	free(r.rows_of);
+	free(r.top);
+	free(r.mean);
+	free(r.iter_sum);
+	free(r.since_ckpt);
 	return rc;
 }

@@ -270,6 +270,8 @@ typedef struct kiln_sim_config {
 	int exact;                  /* 1: every EP rank; 0: the statistical method (sim.c) */
 	int32_t max_groups;         /* EP groups simulated (0: all) */
 	FILE *progress;             /* one line per 10% when set */
+	int32_t threads;            /* threads to run the policies on (0: one per online CPU,
+	                               at most 8); the results do not depend on it */
 	/* When set (a second handle on cfg->rt's blob), the kiln policy's
 	 * memory is also recorded through the runtime's accounting API and
 	 * compared with the simulator's own count at every layer

@@ -55,7 +55,8 @@ static void teardown(fixture *f)
 	kiln_arena_free(f->a);
 }
 
-static void run(fixture *f, const char *loads, int64_t iters, int exact, kiln_sim_result *out)
+static void run_on(fixture *f, const char *loads, int64_t iters, int exact, int32_t threads,
+                   kiln_sim_result *out)
 {
 	kiln_load_profile *prof;
 	cr_assert_eq(kiln_load_parse(loads, f->c.model->max_factor, f->a, stderr, &prof), 0);
@@ -72,8 +73,14 @@ static void run(fixture *f, const char *loads, int64_t iters, int exact, kiln_si
 	                       .restart_s = 284,
 	                       .checkpoint_every = 100,
 	                       .exact = exact,
-	                       .acct_rt = f->acct};
+	                       .acct_rt = f->acct,
+	                       .threads = threads};
 	cr_assert_eq(kiln_sim_run(&cfg, all, KILN_SIM_POLICY_COUNT, f->a, stderr, out), 0);
+}
+
+static void run(fixture *f, const char *loads, int64_t iters, int exact, kiln_sim_result *out)
+{
+	run_on(f, loads, iters, exact, 0, out);
 }
 
 static const char *const MODELS[] = {"examples/models/tiny.yaml",
@@ -129,6 +136,41 @@ Test(sim, same_seed_same_result)
 			cr_assert_eq(r1[k].peak_bytes[s], r2[k].peak_bytes[s]);
 	}
 	teardown(&f);
+}
+
+/* The policies run on threads; the results are the same to the last bit
+ * on one thread or several (more threads than CPUs included). */
+Test(sim, same_result_on_any_number_of_threads, .timeout = 300)
+{
+	static const int32_t THREADS[] = {2, 3, 8};
+	for (int l = 0; l < 2; l++) {
+		fixture f;
+		setup(&f, "examples/models/mixtral-8x22b.yaml");
+		kiln_sim_result one[KILN_SIM_POLICY_COUNT], r[KILN_SIM_POLICY_COUNT];
+		run_on(&f, LOADS[l], 6, 0, 1, one);
+		for (int t = 0; t < 3; t++) {
+			run_on(&f, LOADS[l], 6, 0, THREADS[t], r);
+			for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
+				cr_assert_eq(r[k].tokens_per_s, one[k].tokens_per_s, "%s %d threads: %s",
+				             LOADS[l], THREADS[t],
+				             kiln_sim_policy_name((kiln_sim_policy_kind)k));
+				cr_assert_eq(r[k].iteration_s, one[k].iteration_s);
+				cr_assert_eq(r[k].ooms, one[k].ooms);
+				cr_assert_eq(r[k].recompute_s, one[k].recompute_s);
+				cr_assert_eq(r[k].copy_s, one[k].copy_s);
+				cr_assert_eq(r[k].over_budget, one[k].over_budget);
+				cr_assert_eq(r[k].acct_checks, one[k].acct_checks);
+				cr_assert_eq(r[k].acct_mismatches, 0);
+				for (int32_t s = 0; s < r[k].n_stages; s++)
+					cr_assert_eq(r[k].peak_bytes[s], one[k].peak_bytes[s]);
+				cr_assert_eq(r[k].n_last_ops, one[k].n_last_ops);
+				cr_assert_eq(memcmp(r[k].last_ops, one[k].last_ops,
+				                    sizeof(kiln_pipe_op) * (size_t)r[k].n_last_ops),
+				             0);
+			}
+		}
+		teardown(&f);
+	}
 }
 
 /* kilnc simulate --emit-loads writes the loads the simulator samples, and
