@@ -1264,9 +1264,8 @@ int kiln_interleave_template(const kiln_compilation *c, const kiln_plan_table *t
 	return out->makespan_us < 0 || out->serial_us < 0 ? -1 : 0;
 }
 
-/* Makespan of the DP schedule of actions at table t (tasks from a). */
-static double makespan_at(const kiln_compilation *c, const kiln_plan_table *t,
-                          const uint8_t *actions, kiln_arena *a)
+double kiln_interleave_makespan(const kiln_compilation *c, const kiln_plan_table *t,
+                                const uint8_t *actions, kiln_arena *a)
 {
 	kiln_task *tasks;
 	int32_t n;
@@ -1357,7 +1356,7 @@ int kiln_pass_interleave(kiln_compilation *c)
 	for (int32_t ti = 0; ti < n_tab; ti++) {
 		const kiln_plan_table *t = &c->tables[ti];
 		kiln_arena *sa = scratch_get(&scr);
-		if (!sa || (base[ti] = makespan_at(c, t, keep, sa)) < 0)
+		if (!sa || (base[ti] = kiln_interleave_makespan(c, t, keep, sa)) < 0)
 			goto out;
 	}
 	for (int32_t p = 0; p < np; p++) {
@@ -1443,7 +1442,7 @@ int kiln_pass_interleave(kiln_compilation *c)
 				double mk;
 				if (first[p] == ti)
 					mk = tpl[p].makespan_us;
-				else if ((mk = makespan_at(c, t, act, scratch_get(&scr))) < 0)
+				else if ((mk = kiln_interleave_makespan(c, t, act, scratch_get(&scr))) < 0)
 					goto out;
 				double ex = mk - base[ti];
 				*slot = (k == 0 ? 0 : (ex > 0 ? ex : 0)) + hbm_copy_us(c, t->set, act, t->n);

@@ -351,6 +351,10 @@ int kiln_pass_interleave(kiln_compilation *c);
 int kiln_interleave_template(const kiln_compilation *c, const kiln_plan_table *t, int32_t plan,
                              const uint8_t *actions, kiln_arena *a, kiln_template *out);
 
+/* Makespan of the DP schedule of actions' template at table t's set and
+ * load (tasks allocated from a), or -1. */
+double kiln_interleave_makespan(const kiln_compilation *c, const kiln_plan_table *t,
+                                const uint8_t *actions, kiln_arena *a);
 /* Exposed time of a plan (actions: one kiln_action per unit of t->set) at
  * table t's load, as the feedback computes it: its scheduled makespan minus
  * the keep-everything makespan, plus the HBM share of its offloads; and

@@ -231,17 +231,6 @@ int kiln_plan_table_fill(kiln_plan_table *t, int32_t steps, kiln_plan_pool *pool
 	return 0;
 }
 
-/* Makespan of actions' template at t's load, or -1. */
-static double makespan_of(const kiln_compilation *c, const kiln_plan_table *t,
-                          const uint8_t *actions, kiln_arena *a)
-{
-	kiln_task *tasks;
-	int32_t n;
-	if (kiln_schedule_build(c->graph, t->set, actions, t->n, a, &tasks, &n) != 0)
-		return -1;
-	return kiln_schedule_dp(tasks, n, INFINITY, a);
-}
-
 /* The copy link's idle window, measured (docs/cost-model.md, "Copy link").
  * The first estimate (options.c) lets a layer's copies use the link for its
  * whole forward plus backward time; a template confines them to its own
@@ -265,14 +254,14 @@ static int measure_window(const kiln_compilation *c, kiln_plan_table *t)
 		return -1;
 	}
 	static const uint8_t keep[KILN_PLAN_MAX_UNITS]; /* zero: KILN_ACT_KEEP */
-	double base = makespan_of(c, t, keep, sa), hidden_q = 0;
+	double base = kiln_interleave_makespan(c, t, keep, sa), hidden_q = 0;
 	int rc = base < 0 ? -1 : 0;
 	for (int32_t p = 1; p < t->n_points && rc == 0; p++) {
 		const kiln_plan_point *pt = &t->frontier->points[t->point[p]];
 		if ((double)pt->offload_q <= hidden_q)
 			continue;
 		kiln_plan_actions(in, pt, actions);
-		double mk = makespan_of(c, t, actions, sa);
+		double mk = kiln_interleave_makespan(c, t, actions, sa);
 		if (mk < 0)
 			rc = -1;
 		else if (mk <= base * (1 + 1e-9))

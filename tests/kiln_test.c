@@ -107,7 +107,10 @@ int kt_sh(char **out, const char *fmt, ...)
 	}
 	buf[len] = '\0';
 	int st = pclose(p);
-	*out = buf;
+	if (out)
+		*out = buf;
+	else
+		free(buf);
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 

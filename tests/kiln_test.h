@@ -25,8 +25,8 @@ kt_run kt_kilnc(const char *const *args, const char *stdout_path);
 void kt_run_free(kt_run *r);
 
 /* Runs a shell command (printf-style) with stderr folded into stdout;
- * returns its exit status (-1 when it did not exit normally) and, in *out,
- * its whole output (caller frees). */
+ * returns its exit status (-1 when it did not exit normally) and, in *out
+ * unless out is NULL, its whole output (caller frees). */
 int kt_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Writes len bytes to a new temporary file; returns its path (caller frees

@@ -9,32 +9,6 @@
 
 #include "kiln_test.h"
 
-/* Runs a shell command with stderr folded into stdout; returns its exit
- * status (-1 when it did not exit) and its output (caller frees). */
-static int sh(const char *cmd, char **out)
-{
-	char full[8192];
-	cr_assert_lt((size_t)snprintf(full, sizeof full, "%s 2>&1", cmd), sizeof full);
-	FILE *p = popen(full, "r");
-	cr_assert_not_null(p, "popen %s", cmd);
-	size_t cap = 1 << 16, len = 0;
-	char *buf = malloc(cap);
-	cr_assert_not_null(buf);
-	size_t n;
-	while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-		len += n;
-		if (cap - len < 4096) {
-			cap *= 2;
-			buf = realloc(buf, cap);
-			cr_assert_not_null(buf);
-		}
-	}
-	buf[len] = '\0';
-	int st = pclose(p);
-	*out = buf;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* Compiles tiny.yaml into a temporary blob; the caller unlinks and frees it. */
 static char *tiny_blob(void)
 {
@@ -76,7 +50,7 @@ Test(embed, spike_microbatch_saves_more_than_balanced_ones)
 	 * a 2.5x spike has to save much more to fit. */
 	char cmd[4096], *out = NULL;
 	snprintf(cmd, sizeof cmd, "'%s' '%s' 0", KILN_EMBED_EXAMPLE, blob);
-	int status = sh(cmd, &out);
+	int status = kt_sh(&out, "%s", cmd);
 	cr_assert_eq(status, 0, "embed exited %d:\n%s", status, out);
 
 	cr_assert_not_null(strstr(out, "model tiny"), "no blob info:\n%s", out);
@@ -119,12 +93,12 @@ Test(embed, refuses_what_is_not_a_blob_and_bad_usage)
 	/* A YAML file is not a blob: exit 1, and the runtime's message. */
 	snprintf(cmd, sizeof cmd, "'%s' '%s'", KILN_EMBED_EXAMPLE,
 	         kt_src("examples/models/tiny.yaml"));
-	int status = sh(cmd, &out);
+	int status = kt_sh(&out, "%s", cmd);
 	cr_assert_eq(status, 1, "status %d:\n%s", status, out);
 	cr_assert_not_null(strstr(out, "not a kiln plan blob"), "got:\n%s", out);
 	free(out);
 
-	status = sh("'" KILN_EMBED_EXAMPLE "'", &out);
+	status = kt_sh(&out, "%s", "'" KILN_EMBED_EXAMPLE "'");
 	cr_assert_eq(status, 2, "status %d:\n%s", status, out);
 	cr_assert_not_null(strstr(out, "usage:"), "got:\n%s", out);
 	free(out);

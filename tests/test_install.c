@@ -13,40 +13,6 @@
 
 #include "kiln_test.h"
 
-/* Runs a shell command (printf-style) with stderr folded into stdout;
- * returns its exit status (-1 when it did not exit) and, when out is not
- * NULL, its output (caller frees). */
-static int sh(char **out, const char *fmt, ...)
-{
-	char cmd[8192];
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(cmd, sizeof cmd - 8, fmt, ap);
-	va_end(ap);
-	cr_assert(n > 0 && (size_t)n < sizeof cmd - 8, "command too long");
-	strcat(cmd, " 2>&1");
-	FILE *p = popen(cmd, "r");
-	cr_assert_not_null(p, "popen %s", cmd);
-	size_t cap = 1 << 16, len = 0, got;
-	char *buf = malloc(cap);
-	cr_assert_not_null(buf);
-	while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-		len += got;
-		if (cap - len < 4096) {
-			cap *= 2;
-			buf = realloc(buf, cap);
-			cr_assert_not_null(buf);
-		}
-	}
-	buf[len] = '\0';
-	int st = pclose(p);
-	if (out)
-		*out = buf;
-	else
-		free(buf);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void assert_file(const char *prefix, const char *rel, int is_link)
 {
 	char path[4096];
@@ -72,7 +38,7 @@ Test(install, prefix_tree_then_pkg_config_and_find_package_consumers, .timeout =
 	cr_assert_not_null(mkdtemp(prefix));
 	char *out = NULL;
 	int status =
-	    sh(&out, "'%s' --install '%s' --prefix '%s'", KILN_CMAKE, KILN_BINARY_DIR, prefix);
+	    kt_sh(&out, "'%s' --install '%s' --prefix '%s'", KILN_CMAKE, KILN_BINARY_DIR, prefix);
 	cr_assert_eq(status, 0, "cmake --install:\n%s", out);
 	free(out);
 
@@ -98,7 +64,7 @@ Test(install, prefix_tree_then_pkg_config_and_find_package_consumers, .timeout =
 	assert_file(prefix, rel, 1);
 
 	/* The .pc file names the prefix given at install time. */
-	status = sh(&out, "PKG_CONFIG_PATH='%s/%s/pkgconfig' '%s' --variable=prefix kiln-runtime",
+	status = kt_sh(&out, "PKG_CONFIG_PATH='%s/%s/pkgconfig' '%s' --variable=prefix kiln-runtime",
 	            prefix, lib, KILN_PKG_CONFIG);
 	cr_assert_eq(status, 0, "pkg-config:\n%s", out);
 	cr_assert(strncmp(out, prefix, strlen(prefix)) == 0 && out[strlen(prefix)] == '\n',
@@ -107,13 +73,13 @@ Test(install, prefix_tree_then_pkg_config_and_find_package_consumers, .timeout =
 
 	/* The installed kilnc starts (its rpath still finds the MLIR
 	 * libraries) and compiles the plan the consumers run. */
-	status = sh(&out, "'%s/bin/kilnc' compile '%s' -o '%s/tiny.kiln'", prefix,
+	status = kt_sh(&out, "'%s/bin/kilnc' compile '%s' -o '%s/tiny.kiln'", prefix,
 	            kt_src("examples/models/tiny.yaml"), prefix);
 	cr_assert_eq(status, 0, "installed kilnc:\n%s", out);
 	free(out);
 
 	/* Consumer 1: pkg-config, linking libkiln_rt.so. */
-	status = sh(&out,
+	status = kt_sh(&out,
 	            "cd '%s' && export PKG_CONFIG_PATH='%s/%s/pkgconfig' && "
 	            "'%s' -std=c11 -Wall -Werror %s '%s' -o embed-pc "
 	            "$('%s' --cflags --libs kiln-runtime) && "
@@ -125,7 +91,7 @@ Test(install, prefix_tree_then_pkg_config_and_find_package_consumers, .timeout =
 	cr_assert_not_null(strstr(out, ": fits"), "pkg-config consumer:\n%s", out);
 	free(out);
 	/* ... and it really is the installed shared library that it runs on. */
-	status = sh(&out, "cd '%s' && LD_LIBRARY_PATH='%s/%s' ldd ./embed-pc", prefix, prefix, lib);
+	status = kt_sh(&out, "cd '%s' && LD_LIBRARY_PATH='%s/%s' ldd ./embed-pc", prefix, prefix, lib);
 	cr_assert_eq(status, 0, "ldd:\n%s", out);
 	snprintf(rel, sizeof rel, "%s => %s/%s/%s", soname, prefix, lib, soname);
 	cr_assert_not_null(strstr(out, rel), "expected '%s' in:\n%s", rel, out);
@@ -133,7 +99,7 @@ Test(install, prefix_tree_then_pkg_config_and_find_package_consumers, .timeout =
 
 	/* Consumer 2: examples/embed/CMakeLists.txt, find_package(kiln),
 	 * linking kiln::kiln_rt (static). */
-	status = sh(&out,
+	status = kt_sh(&out,
 	            "cd '%s' && '%s' -S '%s' -B build-embed -DCMAKE_PREFIX_PATH='%s' "
 	            "-DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_C_COMPILER='%s' "
 	            "-DCMAKE_C_FLAGS='%s' -DCMAKE_EXE_LINKER_FLAGS='%s' >/dev/null && "
@@ -145,9 +111,9 @@ Test(install, prefix_tree_then_pkg_config_and_find_package_consumers, .timeout =
 	cr_assert_not_null(strstr(out, ": fits"), "find_package consumer:\n%s", out);
 	free(out);
 	/* Static: no libkiln_rt.so needed at run time. */
-	status = sh(&out, "ldd '%s/build-embed/embed'", prefix);
+	status = kt_sh(&out, "ldd '%s/build-embed/embed'", prefix);
 	cr_assert_null(strstr(out, "libkiln_rt"), "static consumer links the .so:\n%s", out);
 	free(out);
 
-	cr_assert_eq(sh(NULL, "rm -rf '%s'", prefix), 0);
+	cr_assert_eq(kt_sh(NULL, "rm -rf '%s'", prefix), 0);
 }

@@ -289,17 +289,6 @@ Test(plan, pool_holds_distinct_plans)
 	kiln_arena_free(a);
 }
 
-/* Makespan of the template of actions at t's set and load (-1 on failure). */
-static double template_us(const kiln_compilation *c, const kiln_plan_table *t,
-                          const uint8_t *actions, kiln_arena *a)
-{
-	kiln_task *tasks;
-	int32_t n;
-	if (kiln_schedule_build(c->graph, t->set, actions, t->n, a, &tasks, &n) != 0)
-		return -1;
-	return kiln_schedule_dp(tasks, n, INFINITY, a);
-}
-
 /* The measured copy window (docs/cost-model.md, "Copy link"). Facts checked
  * against numbers the test computes itself, after the plan pass:
  * - the window never exceeds the first estimate, which the test rebuilds
@@ -352,7 +341,7 @@ Test(plan, measured_copy_window_is_what_the_templates_hide, .timeout = 120)
 			shrunk += window < est.free_offload_q;
 
 			uint8_t keep[KILN_PLAN_MAX_UNITS] = {0}, actions[KILN_PLAN_MAX_UNITS];
-			double base = template_us(&c, t, keep, a);
+			double base = kiln_interleave_makespan(&c, t, keep, a);
 			cr_assert_gt(base, 0);
 
 			/* The window by its definition: the table solved with the
@@ -370,7 +359,7 @@ Test(plan, measured_copy_window_is_what_the_templates_hide, .timeout = 120)
 			for (int32_t p = 1; p < first_t.n_points; p++) {
 				const kiln_plan_point *pt = &f0.points[first_t.point[p]];
 				kiln_plan_actions(&est, pt, actions);
-				double mk = template_us(&c, t, actions, a);
+				double mk = kiln_interleave_makespan(&c, t, actions, a);
 				cr_assert_gt(mk, 0);
 				if (mk <= base * (1 + 1e-9) && pt->offload_q > want)
 					want = pt->offload_q;
@@ -383,7 +372,7 @@ Test(plan, measured_copy_window_is_what_the_templates_hide, .timeout = 120)
 			for (int32_t p = 1; p < t->n_points; p++) {
 				const kiln_plan_point *pt = &t->frontier->points[t->point[p]];
 				kiln_plan_actions(&t->instance, pt, actions);
-				double mk = template_us(&c, t, actions, a);
+				double mk = kiln_interleave_makespan(&c, t, actions, a);
 				cr_assert_gt(mk, 0);
 				if (mk > base * (1 + 1e-9) || pt->offload_q == 0)
 					continue;

@@ -471,6 +471,19 @@ static void recv_layout(const layer_run *r, int32_t *per_expert, int32_t *src_st
 		}
 }
 
+/* Floats each EP rank gets from this one (send) and sends to it (recv) when
+ * every routed row carries width floats. */
+static void row_counts(const layer_run *r, int width, int32_t *send, int32_t *recv)
+{
+	for (int s = 0; s < TR_EP; s++) {
+		send[s] = recv[s] = 0;
+		for (int e = 0; e < TR_LE; e++) {
+			send[s] += r->send_cnt[s * TR_LE + e] * width;
+			recv[s] += r->recv_cnt[s * TR_LE + e] * width;
+		}
+	}
+}
+
 /* ---------------------------------------------------------------- units */
 
 static uint64_t unit_bytes(const layer_run *r, int u)
@@ -785,13 +798,7 @@ static void layer_forward(trainer *tr, uint32_t mb, int li, const float *x, floa
 			memcpy(sendbuf + (size_t)pos[t * TR_TOPK + j] * TR_H,
 			       U(r, TR_U_MOE_IN) + (size_t)t * TR_H, 4u * TR_H);
 	int32_t sc[TR_EP], rc[TR_EP];
-	for (int s = 0; s < TR_EP; s++) {
-		sc[s] = rc[s] = 0;
-		for (int e = 0; e < TR_LE; e++) {
-			sc[s] += r->send_cnt[s * TR_LE + e] * TR_H;
-			rc[s] += r->recv_cnt[s * TR_LE + e] * TR_H;
-		}
-	}
+	row_counts(r, TR_H, sc, rc);
 	tr_comm_alltoallv(tr->comm, sendbuf, sc, recvbuf, rc);
 	produce(tr, mb, li, TR_U_PERM, 0);
 	unit_alloc(tr, mb, layer, r, TR_U_EIN);
@@ -932,13 +939,7 @@ static void layer_backward(trainer *tr, uint32_t mb, int li, const float *dy, fl
 			row[TR_H] = probs[(size_t)t * TR_E + (size_t)expert[t * TR_TOPK + j]];
 		}
 	int32_t sc[TR_EP], rc[TR_EP];
-	for (int s = 0; s < TR_EP; s++) {
-		sc[s] = rc[s] = 0;
-		for (int e = 0; e < TR_LE; e++) {
-			sc[s] += r->send_cnt[s * TR_LE + e] * W;
-			rc[s] += r->recv_cnt[s * TR_LE + e] * W;
-		}
-	}
+	row_counts(r, W, sc, rc);
 	tr_comm_alltoallv(tr->comm, sendbuf, sc, recvbuf, rc);
 
 	/* Expert side, rows in expert-major order: d expert_out = w * dy, and
