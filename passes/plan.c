@@ -236,15 +236,21 @@ int kiln_plan_table_fill(kiln_plan_table *t, int32_t steps, kiln_plan_pool *pool
  * whole forward plus backward time; a template confines them to its own
  * window (an offload after its producer, a reload before its first reader:
  * docs/schedule.md), so the frontier solved with it is full of offloads
- * that lengthen the schedule. Each of t's points is scheduled; the most
- * quanta offloaded by a point whose template is no longer than keeping
- * everything is what the link really carries hidden, and becomes the
- * window (never more than the first estimate). Returns 1 when the window
- * shrank (the frontier must be solved again), 0 when not, -1 on
- * exhaustion. */
-static int measure_window(const kiln_compilation *c, kiln_plan_table *t)
+ * that lengthen the schedule. Each of t's points (solved with the first
+ * estimate) is scheduled against keep-everything; a point offloading B
+ * quanta whose template is E us longer hides at least B - E /
+ * offload_us_per_q of them (E counts its recompute too, so this errs low).
+ * Two windows come out, both clamped to [0, first estimate]:
+ * - *lo: the most quanta offloaded by a point that hides entirely (E = 0);
+ * - *hi: the most quanta hidden by any point, partly hidden ones included
+ *   (>= *lo): with it the estimate of that point's exposed copy time is
+ *   its scheduled delay.
+ * Returns 0, or -1 on exhaustion. */
+static int measure_window(const kiln_compilation *c, const kiln_plan_table *t, uint32_t *lo,
+                          uint32_t *hi)
 {
-	kiln_plan_instance *in = &t->instance;
+	const kiln_plan_instance *in = &t->instance;
+	*lo = *hi = in->free_offload_q;
 	if (in->free_offload_q == 0 || t->n_points < 2)
 		return 0;
 	kiln_arena *sa = kiln_arena_new();
@@ -254,26 +260,118 @@ static int measure_window(const kiln_compilation *c, kiln_plan_table *t)
 		return -1;
 	}
 	static const uint8_t keep[KILN_PLAN_MAX_UNITS]; /* zero: KILN_ACT_KEEP */
-	double base = kiln_interleave_makespan(c, t, keep, sa), hidden_q = 0;
+	double base = kiln_interleave_makespan(c, t, keep, sa), whole_q = 0, part_q = 0;
 	int rc = base < 0 ? -1 : 0;
 	for (int32_t p = 1; p < t->n_points && rc == 0; p++) {
 		const kiln_plan_point *pt = &t->frontier->points[t->point[p]];
-		if ((double)pt->offload_q <= hidden_q)
-			continue;
+		if ((double)pt->offload_q <= whole_q)
+			continue; /* it can raise neither: h <= B <= whole_q <= part_q */
 		kiln_plan_actions(in, pt, actions);
 		double mk = kiln_interleave_makespan(c, t, actions, sa);
-		if (mk < 0)
+		if (mk < 0) {
 			rc = -1;
-		else if (mk <= base * (1 + 1e-9))
-			hidden_q = (double)pt->offload_q;
+			break;
+		}
+		double h = (double)pt->offload_q;
+		if (mk > base * (1 + 1e-9))
+			h = in->offload_us_per_q > 0 ? floor(h - (mk - base) / in->offload_us_per_q) : 0;
+		else if (h > whole_q)
+			whole_q = h;
+		if (h > part_q)
+			part_q = h;
 	}
 	kiln_arena_free(sa);
 	if (rc != 0)
 		return -1;
-	if (hidden_q >= (double)in->free_offload_q)
+	if (whole_q < (double)in->free_offload_q)
+		*lo = (uint32_t)whole_q;
+	if (part_q < (double)in->free_offload_q)
+		*hi = (uint32_t)part_q;
+	return 0;
+}
+
+/* The total scheduled time of f's table at t's load: for each of the
+ * table's saving targets (kiln_plan_table_fill), the template makespan of
+ * the cheapest point saving at least as much. Windows are compared by it
+ * (lower is better). Returns -1 on exhaustion. */
+static double table_score(const kiln_compilation *c, const kiln_plan_table *t,
+                          const kiln_frontier *f)
+{
+	kiln_arena *sa = kiln_arena_new();
+	uint8_t *actions = sa ? kiln_arena_alloc(sa, (size_t)t->set->n_units + 1) : NULL;
+	if (!actions) {
+		kiln_arena_free(sa);
+		return -1;
+	}
+	uint64_t max_q = f->points[f->n_points - 1].saved_q;
+	int32_t p = 0, last = -1;
+	double sum = 0, mk = 0;
+	for (int32_t k = 1; k <= KILN_PLAN_TABLE_STEPS; k++) {
+		uint64_t want = (max_q * (uint64_t)k + KILN_PLAN_TABLE_STEPS - 1) /
+		                KILN_PLAN_TABLE_STEPS;
+		while (p < f->n_points - 1 && f->points[p].saved_q < want)
+			p++;
+		if (p != last) {
+			kiln_plan_actions(&t->instance, &f->points[p], actions);
+			mk = kiln_interleave_makespan(c, t, actions, sa);
+			last = p;
+			if (mk < 0)
+				break;
+		}
+		sum += mk;
+	}
+	kiln_arena_free(sa);
+	return mk < 0 ? -1 : sum;
+}
+
+static int solve(const kiln_compilation *c, const kiln_plan_instance *in, kiln_arena *a,
+                 const kiln_frontier **out)
+{
+	kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
+	if (!f)
+		return -1;
+	int rc = c->solver == KILN_SOLVER_MILP ? kiln_cost_frontier_milp(in, a, f)
+	                                       : kiln_cost_frontier_dp(in, a, f);
+	*out = f;
+	return rc;
+}
+
+/* Solves t's frontier: with the first estimate of the copy window, then,
+ * once its plans are scheduled, with each measured window (measure_window)
+ * that is smaller; keeps the frontier whose table schedules shortest
+ * (table_score), the lower window on a tie. Returns 0 or -1. */
+static int solve_measured(const kiln_compilation *c, kiln_plan_table *t, kiln_arena *a)
+{
+	uint32_t est_q = t->instance.free_offload_q, lo, hi;
+	if (solve(c, &t->instance, a, &t->frontier) != 0 ||
+	    kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, NULL, a) != 0 ||
+	    measure_window(c, t, &lo, &hi) != 0)
+		return -1;
+	if (lo >= est_q)
 		return 0;
-	in->free_offload_q = (uint32_t)hidden_q;
-	return 1;
+	const kiln_frontier *est_f = t->frontier, *best_f = NULL;
+	uint32_t best_q = 0;
+	double best = INFINITY;
+	const uint32_t cand[2] = {lo, hi};
+	for (int i = 0; i < 2; i++) {
+		if (i == 1 && hi == lo)
+			break;
+		const kiln_frontier *f = est_f;
+		t->instance.free_offload_q = cand[i];
+		if (cand[i] < est_q && solve(c, &t->instance, a, &f) != 0)
+			return -1;
+		double sc = table_score(c, t, f);
+		if (sc < 0)
+			return -1;
+		if (sc < best) {
+			best = sc;
+			best_f = f;
+			best_q = cand[i];
+		}
+	}
+	t->instance.free_offload_q = best_q;
+	t->frontier = best_f;
+	return 0;
 }
 
 int kiln_pass_plan(kiln_compilation *c)
@@ -321,27 +419,8 @@ int kiln_pass_plan(kiln_compilation *c)
 				    o->instance.free_offload_q; /* measured */
 			} else {
 				uint32_t est_q = t->instance.free_offload_q;
-				/* Solved with the first estimate of the copy window, then,
-				 * once its plans are scheduled, with the measured one. */
-				for (int pass = 0; pass < 2; pass++) {
-					kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
-					if (!f)
-						return -1;
-					int rc = c->solver == KILN_SOLVER_MILP
-					             ? kiln_cost_frontier_milp(&t->instance, a, f)
-					             : kiln_cost_frontier_dp(&t->instance, a, f);
-					if (rc != 0)
-						return -1;
-					t->frontier = f;
-					if (pass == 1)
-						break;
-					if (kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, NULL,
-					                         a) != 0 ||
-					    (rc = measure_window(c, t)) < 0)
-						return -1;
-					if (rc == 0)
-						break;
-				}
+				if (solve_measured(c, t, a) != 0)
+					return -1;
 				t->frontier_id = n_distinct;
 				first_q[n_distinct] = est_q;
 				distinct[n_distinct++] = (int32_t)ti;
