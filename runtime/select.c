@@ -71,6 +71,11 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	 * the micro-batches that start before memory is next freed. */
 	uint64_t free_bytes = q->free_bytes;
 	uint32_t pending = q->pending;
+	/* ceil(inflight), at least 1 (without libm: the runtime needs none). */
+	double x = st->inflight < 1e6 ? st->inflight : 1e6;
+	uint32_t inflight = (uint32_t)x;
+	inflight += (double)inflight < x;
+	inflight = inflight ? inflight : 1;
 	uint64_t held_self = q->held_bytes;
 	if (free_bytes == KILN_RT_FREE_FROM_ACCOUNTING) {
 		if (atomic_load(&rt->acct->stage) != q->stage)
@@ -79,11 +84,6 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 		uint64_t held = atomic_load(&rt->acct->device_bytes);
 		uint32_t open = atomic_load(&rt->acct->open);
 		free_bytes = limit > held ? limit - held : 0;
-		/* ceil(inflight), at least 1 (without libm: the runtime needs none). */
-		double x = st->inflight < 1e6 ? st->inflight : 1e6;
-		uint32_t inflight = (uint32_t)x;
-		inflight += (double)inflight < x;
-		inflight = inflight ? inflight : 1;
 		/* The deciding micro-batch is one of the inflight even before
 		 * it has recorded anything. */
 		uint32_t s = q->microbatch % KILN_RTI_MB_SLOTS;
@@ -102,7 +102,19 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	 * 2. pending micro-batches kept only their floor, all they need to be
 	 *    safe. */
 	uint64_t base = sat_add(L->tail_floor_bytes, st->transient_bytes);
-	uint64_t roomy = st->steady_bytes > st->floor_bytes ? st->steady_bytes : st->floor_bytes;
+	/* The fair scale: the compiler fits its steady plan beside that plan's
+	 * own transient, select reserves the largest; where the stage cannot
+	 * hold every in-flight micro-batch at the steady plan beside that,
+	 * shares and room for pending micro-batches shrink by one factor, so
+	 * that the window splits what there is instead of leaving one
+	 * micro-batch in every window the rest (docs/runtime.md). */
+	double room = (double)st->capacity_bytes - (double)st->static_bytes -
+	              (double)st->transient_bytes;
+	double want = (double)inflight * (double)st->steady_bytes, scale = 1;
+	if (want > room)
+		scale = room > 0 ? room / want : 0;
+	uint64_t steady = (uint64_t)((double)st->steady_bytes * scale);
+	uint64_t roomy = steady > st->floor_bytes ? steady : st->floor_bytes;
 	size_t ti = (size_t)L->set * nb + b;
 	const kiln_blob_table *t = &rt->tables[ti];
 	const uint16_t *plut = rt->point_lut + ti * (KILN_RTI_POINT_SLOTS + 1);
@@ -115,7 +127,8 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	double part = L->steady_keep_bytes
 	                  ? (double)L->steady_bytes * ((double)t->keep_bytes / (double)L->steady_keep_bytes)
 	                  : (double)L->steady_bytes;
-	double fair = (double)(L->head_steady_bytes - L->steady_bytes) + part - (double)held_self;
+	double fair = scale * ((double)(L->head_steady_bytes - L->steady_bytes) + part) -
+	              (double)held_self;
 	uint64_t share = fair > 0 ? (fair < 1.8e19 ? (uint64_t)fair : UINT64_MAX) : 0;
 	for (int pass = 0; pass < 3; pass++) {
 		if (pass == 2 && !pending)

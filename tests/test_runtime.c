@@ -479,7 +479,9 @@ typedef struct brute {
 /* The decision by brute force, from the public per-table figures: the
  * bucket by a linear scan; the reserve from the layer's tail floor, the
  * stage transient and the pending micro-batches at max(steady, floor)
- * bytes, at most the micro-batch's fair share (head_steady - held); when
+ * bytes, at most the micro-batch's fair share (head_steady - held), both
+ * steady figures scaled down where the stage cannot hold its in-flight
+ * micro-batches at steady beside the transient; when
  * nothing fits, without the share; then with pending at floor bytes
  * (docs/runtime.md); in each try
  * every point of the table: the cheapest whose resident bytes fit (ties to
@@ -508,14 +510,22 @@ static brute brute_select(const kiln_rt *rt, const kiln_query *q, uint64_t rows)
 	}
 	kiln_rt_table_info ti;
 	kiln_rt_table_get(rt, q->layer, r.bucket, &ti);
-	double roomy = (double)(si.steady_bytes > si.floor_bytes ? si.steady_bytes : si.floor_bytes);
+	/* The fair scale: the in-flight micro-batches (ceil) at the steady
+	 * bytes, against capacity less static less transient; above it, every
+	 * steady figure shrinks by room / want. */
+	double want = ceil(si.inflight < 1 ? 1 : si.inflight) * (double)si.steady_bytes;
+	double room = (double)si.capacity_bytes - (double)si.static_bytes - (double)si.transient_bytes;
+	double scale = want <= room ? 1 : room > 0 ? room / want : 0;
+	double steady = floor((double)si.steady_bytes * scale);
+	double roomy = steady > (double)si.floor_bytes ? steady : (double)si.floor_bytes;
 	double per_pending[3] = {roomy, roomy, (double)si.floor_bytes};
 	/* The share: the steady bytes through this layer, this layer's part
 	 * scaled from load 1 to the bucket as keeping everything scales. */
 	double part = li.steady_keep_bytes ? (double)li.steady_bytes *
 	                                         ((double)ti.keep_bytes / (double)li.steady_keep_bytes)
 	                                   : (double)li.steady_bytes;
-	double fair = (double)(li.head_steady_bytes - li.steady_bytes) + part - (double)q->held_bytes;
+	double fair = scale * ((double)(li.head_steady_bytes - li.steady_bytes) + part) -
+	              (double)q->held_bytes;
 	long double share = fair > 0 ? (long double)(uint64_t)fair : 0;
 	for (int pass = 0; pass < 3 && r.plan < 0; pass++) {
 		long double reserve = (long double)li.tail_floor_bytes +
