@@ -54,14 +54,14 @@ typedef struct unit_bytes {
 	double ws_base, ws_per_n; /* kiln_unit.workspace_bytes */
 } unit_bytes;
 
-/* A plan's bytes as kiln_plan_bytes_at sums them, without a branch per
- * unit: its kept units (resident), then its recomputed and offloaded ones
- * (transient; an offload's workspace is zero, which adds nothing). Each
- * sum runs in unit order, so the result is the same to the last bit. */
+/* A plan's bytes at n rows as two lines, base + per_n * n: its kept
+ * units (resident), and its recomputed and offloaded ones with their
+ * workspace (transient; an offload's workspace is zero). The sums are
+ * taken once per plan, in unit order, so a decision costs two products. */
 typedef struct plan_form {
 	int32_t set;
-	int32_t n_keep, n_moved;
-	unit_bytes *u; /* n_keep kept, then n_moved moved */
+	double res_base, res_per_n;
+	double tr_base, tr_per_n;
 } plan_form;
 
 /* Costs of one plan at one bucket's upper edge. */
@@ -91,30 +91,24 @@ struct kiln_sim_policy {
 	plan_form **plan_forms;
 };
 
-/* Bytes for a form of set and its units, the units right after it. */
-static size_t form_size(const kiln_sim_policy *p, int32_t set)
-{
-	return sizeof(plan_form) + sizeof(unit_bytes) * (size_t)(p->c->sets[set].n_units + 1);
-}
-
-/* The form of actions for set in f, its units in room (NULL: right after
- * f, form_size bytes in all); returns f. */
+/* The form of actions for set in f; returns f (NULL when f is). */
 static plan_form *form_build(const kiln_sim_policy *p, int32_t set, const uint8_t *actions,
-                             plan_form *f, unit_bytes *room)
+                             plan_form *f)
 {
 	if (!f)
 		return NULL;
 	const kiln_unit_set *S = &p->c->sets[set];
-	*f = (plan_form){.set = set, .u = room ? room : (unit_bytes *)(f + 1)};
-	for (int32_t u = 0; u < S->n_units; u++)
-		if (actions[u] == KILN_ACT_KEEP)
-			f->u[f->n_keep++] = p->units[set][u];
+	*f = (plan_form){.set = set};
 	for (int32_t u = 0; u < S->n_units; u++) {
-		unit_bytes b = p->units[set][u];
-		if (actions[u] == KILN_ACT_OFFLOAD)
-			b.ws_base = b.ws_per_n = 0;
-		if (actions[u] == KILN_ACT_RECOMPUTE || actions[u] == KILN_ACT_OFFLOAD)
-			f->u[f->n_keep + f->n_moved++] = b;
+		const unit_bytes *b = &p->units[set][u];
+		if (actions[u] == KILN_ACT_KEEP) {
+			f->res_base += b->base;
+			f->res_per_n += b->per_n;
+		} else if (actions[u] == KILN_ACT_RECOMPUTE || actions[u] == KILN_ACT_OFFLOAD) {
+			int ws = actions[u] == KILN_ACT_RECOMPUTE;
+			f->tr_base += b->base + (ws ? b->ws_base : 0);
+			f->tr_per_n += b->per_n + (ws ? b->ws_per_n : 0);
+		}
 	}
 	return f;
 }
@@ -292,10 +286,9 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const
 			return -1;
 		for (int32_t s = 0; s < c->n_sets; s++) {
 			p->forms[s] =
-			    form_build(p, s, p->actions[s], kiln_arena_alloc(a, form_size(p, s)), NULL);
+			    form_build(p, s, p->actions[s], kiln_arena_alloc(a, sizeof(plan_form)));
 			p->hot_forms[s] = p->hot_actions ? form_build(p, s, p->hot_actions[s],
-			                                              kiln_arena_alloc(a, form_size(p, s)),
-			                                              NULL)
+			                                              kiln_arena_alloc(a, sizeof(plan_form)))
 			                                 : p->forms[s];
 			if (!p->forms[s] || !p->hot_forms[s])
 				return -1;
@@ -322,11 +315,8 @@ static void fill(const kiln_sim_policy *p, const plan_form *f, double n, const c
 {
 	if (p->c->sets[f->set].kind != KILN_LAYER_MOE)
 		n = 0;
-	double resident = 0, transient = 0;
-	for (int32_t k = 0; k < f->n_keep; k++)
-		resident += f->u[k].base + f->u[k].per_n * n;
-	for (int32_t k = f->n_keep; k < f->n_keep + f->n_moved; k++)
-		transient += f->u[k].base + f->u[k].per_n * n + (f->u[k].ws_base + f->u[k].ws_per_n * n);
+	double resident = f->res_base + f->res_per_n * n;
+	double transient = f->tr_base + f->tr_per_n * n;
 	double ex = p->serial ? co->serial_us : co->exposed_us;
 	double rec = co->recompute_us < ex ? co->recompute_us : ex;
 	/* Whole bytes, as a device holds them (and as accounting counts). */
@@ -340,15 +330,15 @@ static void fill(const kiln_sim_policy *p, const plan_form *f, double n, const c
 /* The form of an adaptive policy's plan, built on first use (one thread
  * at a time runs a policy); when it cannot be kept, built in tmp. */
 static const plan_form *plan_form_of(const kiln_sim_policy *p, int32_t set, const kiln_plan *plan,
-                                     plan_form *tmp, unit_bytes *tmp_units)
+                                     plan_form *tmp)
 {
 	int32_t n = p->c->pool->n;
 	plan_form **slot = plan->plan >= 0 && plan->plan < n
 	                       ? &p->plan_forms[(size_t)set * (size_t)n + (size_t)plan->plan]
 	                       : NULL;
 	if (slot && !*slot)
-		*slot = form_build(p, set, plan->actions, malloc(form_size(p, set)), NULL);
-	return slot && *slot ? *slot : form_build(p, set, plan->actions, tmp, tmp_units);
+		*slot = form_build(p, set, plan->actions, malloc(sizeof(plan_form)));
+	return slot && *slot ? *slot : form_build(p, set, plan->actions, tmp);
 }
 
 void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer, double n,
@@ -413,8 +403,7 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 			co = *slot;
 	}
 	plan_form tmp;
-	unit_bytes tmp_units[KILN_PLAN_MAX_UNITS];
-	fill(p, plan_form_of(p, set, &plan, &tmp, tmp_units), n, &co, out);
+	fill(p, plan_form_of(p, set, &plan, &tmp), n, &co, out);
 	out->over_budget = (plan.flags & KILN_PLAN_OVER_BUDGET) != 0;
 }
 
