@@ -20,11 +20,15 @@
 void *kiln_rti_alloc(size_t bytes);
 void kiln_rti_free(void *p);
 
+/* open.c: a stage's ceil(inflight), clamped to [1, 1e6]. */
+uint32_t kiln_rti_inflight(const kiln_blob_stage *st);
+
 /* crc32c.c */
 
 /* CRC32C (Castagnoli, reflected polynomial 0x82F63B78) of len bytes,
  * continuing from crc (0 to start). */
 uint32_t kiln_rti_crc32c(uint32_t crc, const void *data, size_t len);
+
 /* The same, always by table (for tests of the hardware path). */
 uint32_t kiln_rti_crc32c_portable(uint32_t crc, const void *data, size_t len);
 
@@ -89,6 +93,9 @@ struct kiln_rt {
 	uint16_t *point_lut;
 	double *bucket_scale;
 	double *point_scale;
+	/* Per stage, the fair scale of select's shares (docs/runtime.md, step
+	 * 5), computed at open from the stage's figures. */
+	double *fair_scale;
 	kiln_rti_acct *acct;
 };
 

@@ -407,11 +407,39 @@ static void build_lut(const void *base, size_t stride, size_t off, int wide, uin
 	}
 }
 
+/* ceil(inflight), clamped to [1, 1e6] (without libm: the runtime needs
+ * none; inflight is finite and >= 0, checked above). */
+uint32_t kiln_rti_inflight(const kiln_blob_stage *st)
+{
+	double x = st->inflight < 1e6 ? st->inflight : 1e6;
+	uint32_t n = (uint32_t)x;
+	n += (double)n < x;
+	return n ? n : 1;
+}
+
+/* The fair scale (docs/runtime.md, step 5): the compiler fits its steady
+ * plan beside that plan's own backward transient, select reserves the
+ * stage's largest; where capacity - static cannot hold ceil(inflight)
+ * micro-batches at the steady bytes beside it, the shares and the room for
+ * pending micro-batches shrink by room / want, so that the window splits
+ * what there is instead of leaving one micro-batch in every window the
+ * rest. */
+static double fair_scale(const kiln_blob_stage *st)
+{
+	double room = (double)st->capacity_bytes - (double)st->static_bytes -
+	              (double)st->transient_bytes;
+	double want = (double)kiln_rti_inflight(st) * (double)st->steady_bytes;
+	if (want <= room)
+		return 1;
+	return room > 0 ? room / want : 0;
+}
+
 static int build_luts(kiln_rt *rt, const uint32_t *src)
 {
 	uint64_t n_sets = rt->count[KILN_SEC_SETS], n_tables = rt->count[KILN_SEC_TABLES];
+	uint64_t n_stages = rt->meta->n_stages;
 	uint32_t nb = rt->meta->n_buckets;
-	size_t bytes = sizeof(double) * (size_t)(n_sets + n_tables) +
+	size_t bytes = sizeof(double) * (size_t)(n_sets + n_tables + n_stages) +
 	               sizeof(uint16_t) * ((size_t)n_sets * (KILN_RTI_BUCKET_SLOTS + 1) +
 	                                   (size_t)n_tables * (KILN_RTI_POINT_SLOTS + 1));
 	double *block = kiln_rti_alloc(bytes);
@@ -419,7 +447,10 @@ static int build_luts(kiln_rt *rt, const uint32_t *src)
 		return KILN_RT_ENOMEM;
 	rt->bucket_scale = block;
 	rt->point_scale = block + n_sets;
-	rt->bucket_lut = (uint16_t *)(block + n_sets + n_tables);
+	rt->fair_scale = block + n_sets + n_tables;
+	rt->bucket_lut = (uint16_t *)(block + n_sets + n_tables + n_stages);
+	for (uint64_t s = 0; s < n_stages; s++)
+		rt->fair_scale[s] = fair_scale(&rt->stages[s]);
 	rt->point_lut = rt->bucket_lut + n_sets * (KILN_RTI_BUCKET_SLOTS + 1);
 	for (uint64_t k = 0; k < n_sets; k++)
 		build_lut(&rt->buckets[k * nb], sizeof(kiln_blob_bucket),

@@ -71,11 +71,6 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	 * the micro-batches that start before memory is next freed. */
 	uint64_t free_bytes = q->free_bytes;
 	uint32_t pending = q->pending;
-	/* ceil(inflight), at least 1 (without libm: the runtime needs none). */
-	double x = st->inflight < 1e6 ? st->inflight : 1e6;
-	uint32_t inflight = (uint32_t)x;
-	inflight += (double)inflight < x;
-	inflight = inflight ? inflight : 1;
 	uint64_t held_self = q->held_bytes;
 	if (free_bytes == KILN_RT_FREE_FROM_ACCOUNTING) {
 		if (atomic_load(&rt->acct->stage) != q->stage)
@@ -88,7 +83,7 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 		 * it has recorded anything. */
 		uint32_t s = q->microbatch % KILN_RTI_MB_SLOTS;
 		uint32_t self = !atomic_load(&rt->acct->mb_device[s]) && !atomic_load(&rt->acct->mb_host[s]);
-		uint32_t counted = open + self;
+		uint32_t counted = open + self, inflight = kiln_rti_inflight(st);
 		pending = inflight > counted ? inflight - counted : 0;
 		held_self = atomic_load(&rt->acct->mb_device[s]);
 	}
@@ -97,23 +92,16 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	 *    through this layer (head_steady_bytes) less what it holds, so that
 	 *    1F1B's steady state does not alternate between micro-batches that
 	 *    grab free memory and micro-batches left short; pending ones are
-	 *    kept room for their steady plan;
+	 *    kept room for their steady plan (both scaled, below);
 	 * 1. the share dropped (a spike may use whatever is free);
 	 * 2. pending micro-batches kept only their floor, all they need to be
 	 *    safe. */
 	uint64_t base = sat_add(L->tail_floor_bytes, st->transient_bytes);
-	/* The fair scale: the compiler fits its steady plan beside that plan's
-	 * own transient, select reserves the largest; where the stage cannot
-	 * hold every in-flight micro-batch at the steady plan beside that,
-	 * shares and room for pending micro-batches shrink by one factor, so
-	 * that the window splits what there is instead of leaving one
-	 * micro-batch in every window the rest (docs/runtime.md). */
-	double room = (double)st->capacity_bytes - (double)st->static_bytes -
-	              (double)st->transient_bytes;
-	double want = (double)inflight * (double)st->steady_bytes, scale = 1;
-	if (want > room)
-		scale = room > 0 ? room / want : 0;
-	uint64_t steady = (uint64_t)((double)st->steady_bytes * scale);
+	/* The fair scale (open.c, fair_scale): below 1 where the stage cannot
+	 * hold its window at the steady plan beside the largest transient. */
+	double scale = rt->fair_scale[q->stage];
+	/* Below 1 the product is below 2^64 (no cast out of range). */
+	uint64_t steady = scale >= 1 ? st->steady_bytes : (uint64_t)((double)st->steady_bytes * scale);
 	uint64_t roomy = steady > st->floor_bytes ? steady : st->floor_bytes;
 	size_t ti = (size_t)L->set * nb + b;
 	const kiln_blob_table *t = &rt->tables[ti];

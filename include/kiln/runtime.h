@@ -217,7 +217,10 @@ typedef struct kiln_plan {
  * minus a reserve for work still to come (this micro-batch's later layers
  * on the stage at their floor, the stage transient, and each pending
  * micro-batch at the stage's steady bytes), and on the first try also at
- * most the micro-batch's fair share (head_steady_bytes - held_bytes); when
+ * most the micro-batch's fair share (head_steady_bytes - held_bytes); the
+ * steady bytes and the share shrink by one factor where the stage cannot
+ * hold ceil(inflight) micro-batches at the steady bytes beside the
+ * transient in capacity - static; when
  * no plan fits, the share is dropped, then the pending micro-batches are
  * reserved only their floor (docs/runtime.md). With
  * KILN_PLAN_LOAD_BEYOND the figures are the last bucket's and the real bytes
