@@ -426,8 +426,8 @@ uint32_t kiln_rti_inflight(const kiln_blob_stage *st)
  * rest. */
 static double fair_scale(const kiln_blob_stage *st)
 {
-	double room = (double)st->capacity_bytes - (double)st->static_bytes -
-	              (double)st->transient_bytes;
+	double room =
+	    (double)st->capacity_bytes - (double)st->static_bytes - (double)st->transient_bytes;
 	double want = (double)kiln_rti_inflight(st) * (double)st->steady_bytes;
 	if (want <= room)
 		return 1;

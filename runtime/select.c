@@ -101,7 +101,8 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	 * hold its window at the steady plan beside the largest transient. */
 	double scale = rt->fair_scale[q->stage];
 	/* Below 1 the product is below 2^64 (no cast out of range). */
-	uint64_t steady = scale >= 1 ? st->steady_bytes : (uint64_t)((double)st->steady_bytes * scale);
+	uint64_t steady =
+	    scale >= 1 ? st->steady_bytes : (uint64_t)((double)st->steady_bytes * scale);
 	uint64_t roomy = steady > st->floor_bytes ? steady : st->floor_bytes;
 	size_t ti = (size_t)L->set * nb + b;
 	const kiln_blob_table *t = &rt->tables[ti];
@@ -115,8 +116,8 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	double part = L->steady_keep_bytes
 	                  ? (double)L->steady_bytes * ((double)t->keep_bytes / (double)L->steady_keep_bytes)
 	                  : (double)L->steady_bytes;
-	double fair = scale * ((double)(L->head_steady_bytes - L->steady_bytes) + part) -
-	              (double)held_self;
+	double fair =
+	    scale * ((double)(L->head_steady_bytes - L->steady_bytes) + part) - (double)held_self;
 	uint64_t share = fair > 0 ? (fair < 1.8e19 ? (uint64_t)fair : UINT64_MAX) : 0;
 	for (int pass = 0; pass < 3; pass++) {
 		if (pass == 2 && !pending)

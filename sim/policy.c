@@ -287,9 +287,10 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const
 		for (int32_t s = 0; s < c->n_sets; s++) {
 			p->forms[s] =
 			    form_build(p, s, p->actions[s], kiln_arena_alloc(a, sizeof(plan_form)));
-			p->hot_forms[s] = p->hot_actions ? form_build(p, s, p->hot_actions[s],
-			                                              kiln_arena_alloc(a, sizeof(plan_form)))
-			                                 : p->forms[s];
+			p->hot_forms[s] = p->hot_actions
+			                      ? form_build(p, s, p->hot_actions[s],
+			                                   kiln_arena_alloc(a, sizeof(plan_form)))
+			                      : p->forms[s];
 			if (!p->forms[s] || !p->hot_forms[s])
 				return -1;
 		}

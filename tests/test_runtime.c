@@ -514,7 +514,8 @@ static brute brute_select(const kiln_rt *rt, const kiln_query *q, uint64_t rows)
 	 * bytes, against capacity less static less transient; above it, every
 	 * steady figure shrinks by room / want. */
 	double want = ceil(si.inflight < 1 ? 1 : si.inflight) * (double)si.steady_bytes;
-	double room = (double)si.capacity_bytes - (double)si.static_bytes - (double)si.transient_bytes;
+	double room =
+	    (double)si.capacity_bytes - (double)si.static_bytes - (double)si.transient_bytes;
 	double scale = want <= room ? 1 : room > 0 ? room / want : 0;
 	double steady = floor((double)si.steady_bytes * scale);
 	double roomy = steady > (double)si.floor_bytes ? steady : (double)si.floor_bytes;
@@ -673,13 +674,16 @@ Test(runtime, a_full_window_at_load_one_shares_alike)
 	kiln_rt_stage_info si;
 	cr_assert_eq(kiln_rt_stage_get(rt, 0, &si), 0);
 	double n_f = ceil(si.inflight);
-	double room = (double)si.capacity_bytes - (double)si.static_bytes - (double)si.transient_bytes;
-	cr_assert_lt(room, n_f * (double)si.steady_bytes, "tiny's stage 0 no longer needs the scale");
+	double room =
+	    (double)si.capacity_bytes - (double)si.static_bytes - (double)si.transient_bytes;
+	cr_assert_lt(room, n_f * (double)si.steady_bytes,
+	             "tiny's stage 0 no longer needs the scale");
 	int32_t layers[64], n_layers = 0;
 	for (int32_t pos = 0; pos < si.n_layers; pos++)
 		for (int32_t l = 0; l < info.n_model_layers; l++) {
 			kiln_rt_layer_info li;
-			if (kiln_rt_layer_get(rt, l, &li) == 0 && li.stage == 0 && li.position == pos)
+			if (kiln_rt_layer_get(rt, l, &li) == 0 && li.stage == 0 &&
+			    li.position == pos)
 				layers[n_layers++] = l;
 		}
 	cr_assert_eq(n_layers, si.n_layers);
@@ -698,7 +702,8 @@ Test(runtime, a_full_window_at_load_one_shares_alike)
 			kiln_query q = {.stage = 0,
 			                .layer = layers[k],
 			                .total_rows = li.balanced_rows,
-			                .free_bytes = si.capacity_bytes > used ? si.capacity_bytes - used : 0,
+			                .free_bytes =
+			                    si.capacity_bytes > used ? si.capacity_bytes - used : 0,
 			                .pending = (uint32_t)(i < n - 1 ? n - 1 - i : 0),
 			                .microbatch = (uint32_t)i,
 			                .held_bytes = held[i]};
