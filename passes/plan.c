@@ -246,6 +246,18 @@ int kiln_plan_table_fill(kiln_plan_table *t, int32_t steps, kiln_plan_pool *pool
  *   (>= *lo): with it the estimate of that point's exposed copy time is
  *   its scheduled delay.
  * Returns 0, or -1 on exhaustion. */
+/* A scratch arena for scheduling t's plans, in *out, and an actions
+ * buffer in it; NULL (and nothing to free) on exhaustion. */
+static uint8_t *scratch_actions(const kiln_plan_table *t, kiln_arena **out)
+{
+	kiln_arena *sa = kiln_arena_new();
+	uint8_t *actions = sa ? kiln_arena_alloc(sa, (size_t)t->set->n_units + 1) : NULL;
+	if (!actions)
+		kiln_arena_free(sa);
+	*out = actions ? sa : NULL;
+	return actions;
+}
+
 static int measure_window(const kiln_compilation *c, const kiln_plan_table *t, uint32_t *lo,
                           uint32_t *hi)
 {
@@ -253,12 +265,10 @@ static int measure_window(const kiln_compilation *c, const kiln_plan_table *t, u
 	*lo = *hi = in->free_offload_q;
 	if (in->free_offload_q == 0 || t->n_points < 2)
 		return 0;
-	kiln_arena *sa = kiln_arena_new();
-	uint8_t *actions = sa ? kiln_arena_alloc(sa, (size_t)t->set->n_units + 1) : NULL;
-	if (!actions) {
-		kiln_arena_free(sa);
+	kiln_arena *sa;
+	uint8_t *actions = scratch_actions(t, &sa);
+	if (!actions)
 		return -1;
-	}
 	static const uint8_t keep[KILN_PLAN_MAX_UNITS]; /* zero: KILN_ACT_KEEP */
 	double base = kiln_interleave_makespan(c, t, keep, sa), whole_q = 0, part_q = 0;
 	int rc = base < 0 ? -1 : 0;
@@ -297,12 +307,10 @@ static int measure_window(const kiln_compilation *c, const kiln_plan_table *t, u
 static double table_score(const kiln_compilation *c, const kiln_plan_table *t,
                           const kiln_frontier *f)
 {
-	kiln_arena *sa = kiln_arena_new();
-	uint8_t *actions = sa ? kiln_arena_alloc(sa, (size_t)t->set->n_units + 1) : NULL;
-	if (!actions) {
-		kiln_arena_free(sa);
+	kiln_arena *sa;
+	uint8_t *actions = scratch_actions(t, &sa);
+	if (!actions)
 		return -1;
-	}
 	uint64_t max_q = f->points[f->n_points - 1].saved_q;
 	int32_t p = 0, last = -1;
 	double sum = 0, mk = 0;

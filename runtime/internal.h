@@ -20,8 +20,15 @@
 void *kiln_rti_alloc(size_t bytes);
 void kiln_rti_free(void *p);
 
-/* open.c: a stage's ceil(inflight), clamped to [1, 1e6]. */
-uint32_t kiln_rti_inflight(const kiln_blob_stage *st);
+/* A stage's ceil(inflight), clamped to [1, 1e6] (without libm: the
+ * runtime needs none; open checks that inflight is finite and >= 0). */
+static inline uint32_t kiln_rti_inflight(const kiln_blob_stage *st)
+{
+	double x = st->inflight < 1e6 ? st->inflight : 1e6;
+	uint32_t n = (uint32_t)x;
+	n += (double)n < x;
+	return n ? n : 1;
+}
 
 /* crc32c.c */
 

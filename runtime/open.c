@@ -407,16 +407,6 @@ static void build_lut(const void *base, size_t stride, size_t off, int wide, uin
 	}
 }
 
-/* ceil(inflight), clamped to [1, 1e6] (without libm: the runtime needs
- * none; inflight is finite and >= 0, checked above). */
-uint32_t kiln_rti_inflight(const kiln_blob_stage *st)
-{
-	double x = st->inflight < 1e6 ? st->inflight : 1e6;
-	uint32_t n = (uint32_t)x;
-	n += (double)n < x;
-	return n ? n : 1;
-}
-
 /* The fair scale (docs/runtime.md, step 5): the compiler fits its steady
  * plan beside that plan's own backward transient, select reserves the
  * stage's largest; where capacity - static cannot hold ceil(inflight)

@@ -47,17 +47,10 @@ int kiln_sim_policy_parse(const char *s)
 	return -1;
 }
 
-/* A unit's bytes as doubles, converted once: base + per_n * n is
- * kiln_lin_at's value exactly, without its conversions at every call. */
-typedef struct unit_bytes {
-	double base, per_n;       /* kiln_unit.bytes */
-	double ws_base, ws_per_n; /* kiln_unit.workspace_bytes */
-} unit_bytes;
-
 /* A plan's bytes at n rows as two lines, base + per_n * n: its kept
  * units (resident), and its recomputed and offloaded ones with their
  * workspace (transient; an offload's workspace is zero). The sums are
- * taken once per plan, in unit order, so a decision costs two products. */
+ * taken once per plan, in whole bytes, so a decision costs two products. */
 typedef struct plan_form {
 	int32_t set;
 	double res_base, res_per_n;
@@ -83,7 +76,6 @@ struct kiln_sim_policy {
 	/* Adaptive policies: per (frontier, frontier point) the cost (shared
 	 * by the tables of one frontier), NAN until computed. */
 	cost **frontier_costs;
-	unit_bytes **units; /* per set, per unit */
 	/* Static policies: per set the form of actions (and hot_actions). */
 	plan_form **forms, **hot_forms;
 	/* Adaptive policies: per (set, plan pool index) the plan's form, built
@@ -98,18 +90,23 @@ static plan_form *form_build(const kiln_sim_policy *p, int32_t set, const uint8_
 	if (!f)
 		return NULL;
 	const kiln_unit_set *S = &p->c->sets[set];
-	*f = (plan_form){.set = set};
+	uint64_t res_base = 0, res_per_n = 0, tr_base = 0, tr_per_n = 0;
 	for (int32_t u = 0; u < S->n_units; u++) {
-		const unit_bytes *b = &p->units[set][u];
+		const kiln_unit *un = &S->units[u];
 		if (actions[u] == KILN_ACT_KEEP) {
-			f->res_base += b->base;
-			f->res_per_n += b->per_n;
+			res_base += un->bytes.base;
+			res_per_n += un->bytes.per_n;
 		} else if (actions[u] == KILN_ACT_RECOMPUTE || actions[u] == KILN_ACT_OFFLOAD) {
 			int ws = actions[u] == KILN_ACT_RECOMPUTE;
-			f->tr_base += b->base + (ws ? b->ws_base : 0);
-			f->tr_per_n += b->per_n + (ws ? b->ws_per_n : 0);
+			tr_base += un->bytes.base + (ws ? un->workspace_bytes.base : 0);
+			tr_per_n += un->bytes.per_n + (ws ? un->workspace_bytes.per_n : 0);
 		}
 	}
+	*f = (plan_form){.set = set,
+	                 .res_base = (double)res_base,
+	                 .res_per_n = (double)res_per_n,
+	                 .tr_base = (double)tr_base,
+	                 .tr_per_n = (double)tr_per_n};
 	return f;
 }
 
@@ -246,21 +243,6 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const
 		return -1;
 	p->kind = k;
 	p->c = c;
-	p->units = kiln_arena_alloc(a, sizeof(unit_bytes *) * (size_t)(c->n_sets + 1));
-	if (!p->units)
-		return -1;
-	for (int32_t s = 0; s < c->n_sets; s++) {
-		const kiln_unit_set *set = &c->sets[s];
-		p->units[s] = kiln_arena_alloc(a, sizeof(unit_bytes) * (size_t)(set->n_units + 1));
-		if (!p->units[s])
-			return -1;
-		for (int32_t u = 0; u < set->n_units; u++) {
-			const kiln_unit *un = &set->units[u];
-			p->units[s][u] = (unit_bytes){(double)un->bytes.base, (double)un->bytes.per_n,
-			                              (double)un->workspace_bytes.base,
-			                              (double)un->workspace_bytes.per_n};
-		}
-	}
 	p->serial = k == KILN_SIM_KILN_NO_OVERLAP || k == KILN_SIM_KILN_STATIC_SERIAL;
 	if (k == KILN_SIM_KILN || k == KILN_SIM_KILN_NO_OVERLAP || k == KILN_SIM_KILN_NO_OFFLOAD) {
 		p->rt = rt;

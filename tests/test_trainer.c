@@ -49,6 +49,21 @@ static int trainer(char **out, int np, const char *plan, const char *args)
 	             KILN_TRAINER, plan, args);
 }
 
+/* The trainer on 4 processes with --loads of a trace holding text exits 1
+ * saying want. */
+static void bad_trace(const char *plan, const char *text, const char *want)
+{
+	char *csv = kt_temp_file(".csv", text, strlen(text));
+	char args[512], *out;
+	snprintf(args, sizeof args, "--loads %s", csv);
+	int st = trainer(&out, 4, plan, args);
+	cr_expect_eq(st, 1, "%s", out);
+	cr_expect(strstr(out, want), "%s", out);
+	free(out);
+	unlink(csv);
+	free(csv);
+}
+
 typedef struct step_log {
 	char loss_hex[64];
 	char grad_fnv[256];
@@ -383,27 +398,11 @@ Test(trainer, bad_input, .timeout = 900)
 	free(out);
 
 	/* A trace of tokens per expert: the trainer replays factor traces. */
-	char *csv =
-	    kt_temp_file(".csv", "iteration,microbatch,layer,rank,e0,e1\n0,0,0,0,3,4\n", 50);
-	char a2[512];
-	snprintf(a2, sizeof a2, "--loads %s", csv);
-	st = trainer(&out, 4, plan, a2);
-	cr_expect_eq(st, 1, "%s", out);
-	cr_expect(strstr(out, "the trainer replays factor traces"), "%s", out);
-	free(out);
-	unlink(csv);
-	free(csv);
-
+	bad_trace(plan, "iteration,microbatch,layer,rank,e0,e1\n0,0,0,0,3,4\n",
+	          "the trainer replays factor traces");
 	/* A trace with a row twice. */
-	csv = kt_temp_file(
-	    ".csv", "iteration,microbatch,layer,rank,factor\n0,1,0,0,1.5\n0,1,0,0,1.5\n", 63);
-	snprintf(a2, sizeof a2, "--loads %s", csv);
-	st = trainer(&out, 4, plan, a2);
-	cr_expect_eq(st, 1, "%s", out);
-	cr_expect(strstr(out, "iteration 0 micro-batch 1 layer 0 rank 0 appears twice"), "%s", out);
-	free(out);
-	unlink(csv);
-	free(csv);
+	bad_trace(plan, "iteration,microbatch,layer,rank,factor\n0,1,0,0,1.5\n0,1,0,0,1.5\n",
+	          "iteration 0 micro-batch 1 layer 0 rank 0 appears twice");
 
 	/* A plan compiled for another model. */
 	char *tiny = kt_temp_file(".kiln", "", 0);
