@@ -45,6 +45,9 @@ uint32_t kiln_rti_crc32c_portable(uint32_t crc, const void *data, size_t len);
 #define KILN_RTI_POINT_SHIFT 6
 #define KILN_RTI_BUCKET_SLOTS (1u << KILN_RTI_BUCKET_SHIFT)
 #define KILN_RTI_POINT_SLOTS (1u << KILN_RTI_POINT_SHIFT)
+/* The knee's tolerance in select, as a fraction of a table's maximal-saving
+ * exposed time (docs/runtime.md, step 7). */
+#define KILN_RTI_KNEE 0.03
 
 /* Micro-batches accounting tells apart (mb modulo this). */
 #define KILN_RTI_MB_SLOTS 256
@@ -95,9 +98,12 @@ struct kiln_rt {
 	 *     of the set whose max_rows >= j * (last max_rows + 1) / SLOTS;
 	 *   point_lut[table * (KILN_RTI_POINT_SLOTS + 1) + j]: the first point
 	 *     of the table whose saved_q >= j * (last saved_q + 1) / SLOTS;
-	 *   bucket_scale[set], point_scale[table]: SLOTS / (last + 1). */
+	 *   bucket_scale[set], point_scale[table]: SLOTS / (last + 1);
+	 *   point_knee[point]: per POINTS record, the index in its table of the
+	 *     point the knee moves it to (docs/runtime.md, step 7). */
 	uint16_t *bucket_lut;
 	uint16_t *point_lut;
+	uint16_t *point_knee;
 	double *bucket_scale;
 	double *point_scale;
 	/* Per stage, the fair scale of select's shares (docs/runtime.md, step

@@ -424,14 +424,32 @@ static double fair_scale(const kiln_blob_stage *st)
 	return room > 0 ? room / want : 0;
 }
 
+/* The knee of every point of one table (docs/runtime.md, step 7): the last
+ * point whose exposed time is within KILN_RTI_KNEE of the table's largest
+ * above the point's own, as an index in the table. Both ends move forward
+ * only (exposed_us ascends), so one pass. */
+static void build_knee(const kiln_blob_point *pts, uint32_t n, uint16_t *knee)
+{
+	double tol = KILN_RTI_KNEE * (double)pts[n - 1].exposed_us;
+	uint32_t j = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		double lim = (double)pts[i].exposed_us + tol;
+		j = j < i ? i : j;
+		while (j + 1 < n && (double)pts[j + 1].exposed_us <= lim)
+			j++;
+		knee[i] = (uint16_t)j;
+	}
+}
+
 static int build_luts(kiln_rt *rt, const uint32_t *src)
 {
 	uint64_t n_sets = rt->count[KILN_SEC_SETS], n_tables = rt->count[KILN_SEC_TABLES];
-	uint64_t n_stages = rt->meta->n_stages;
+	uint64_t n_stages = rt->meta->n_stages, n_points = rt->count[KILN_SEC_POINTS];
 	uint32_t nb = rt->meta->n_buckets;
 	size_t bytes = sizeof(double) * (size_t)(n_sets + n_tables + n_stages) +
 	               sizeof(uint16_t) * ((size_t)n_sets * (KILN_RTI_BUCKET_SLOTS + 1) +
-	                                   (size_t)n_tables * (KILN_RTI_POINT_SLOTS + 1));
+	                                   (size_t)n_tables * (KILN_RTI_POINT_SLOTS + 1) +
+	                                   (size_t)n_points);
 	double *block = kiln_rti_alloc(bytes);
 	if (!block)
 		return KILN_RT_ENOMEM;
@@ -442,6 +460,7 @@ static int build_luts(kiln_rt *rt, const uint32_t *src)
 	for (uint64_t s = 0; s < n_stages; s++)
 		rt->fair_scale[s] = fair_scale(&rt->stages[s]);
 	rt->point_lut = rt->bucket_lut + n_sets * (KILN_RTI_BUCKET_SLOTS + 1);
+	rt->point_knee = rt->point_lut + n_tables * (KILN_RTI_POINT_SLOTS + 1);
 	for (uint64_t k = 0; k < n_sets; k++)
 		build_lut(&rt->buckets[k * nb], sizeof(kiln_blob_bucket),
 		          offsetof(kiln_blob_bucket, max_rows), 1, nb, KILN_RTI_BUCKET_SHIFT,
@@ -458,6 +477,9 @@ static int build_luts(kiln_rt *rt, const uint32_t *src)
 		build_lut(&rt->points[tb->first_point], sizeof(kiln_blob_point),
 		          offsetof(kiln_blob_point, saved_q), 0, tb->n_points, KILN_RTI_POINT_SHIFT,
 		          rt->point_lut + t * (KILN_RTI_POINT_SLOTS + 1), &rt->point_scale[t]);
+		/* Fresh ranges tile the points (check_tables). */
+		build_knee(&rt->points[tb->first_point], tb->n_points,
+		           rt->point_knee + tb->first_point);
 	}
 	return 0;
 }

@@ -485,7 +485,9 @@ typedef struct brute {
  * nothing fits, without the share; then with pending at floor bytes
  * (docs/runtime.md); in each try
  * every point of the table: the cheapest whose resident bytes fit (ties to
- * the smaller saving); none: the largest saving, over budget. */
+ * the smaller saving), then, where the layer must save or the share was
+ * dropped, the largest saving within 3% of the table's largest exposed
+ * time of that cheapest; none: the largest saving, over budget. */
 static brute brute_select(const kiln_rt *rt, const kiln_query *q, uint64_t rows)
 {
 	kiln_rt_info info;
@@ -541,6 +543,22 @@ static brute brute_select(const kiln_rt *rt, const kiln_query *q, uint64_t rows)
 			if ((long double)ti.keep_bytes - p.saved_bytes <= avail && p.exposed_us < best) {
 				best = p.exposed_us;
 				r.plan = p.plan;
+			}
+		}
+		/* The knee: where the layer must save something (not everything
+		 * fits) or the share was dropped, the largest saving that costs
+		 * at most 3% of the table's largest exposed time more. */
+		if (r.plan >= 0 && (avail < (long double)ti.keep_bytes || pass > 0)) {
+			kiln_rt_point last;
+			kiln_rt_point_get(rt, q->layer, r.bucket, ti.n_points - 1, &last);
+			double lim = best + 0.03 * last.exposed_us, most = -1;
+			for (int32_t i = 0; i < ti.n_points; i++) {
+				kiln_rt_point p;
+				kiln_rt_point_get(rt, q->layer, r.bucket, i, &p);
+				if (p.exposed_us <= lim && (double)p.saved_bytes > most) {
+					most = (double)p.saved_bytes;
+					r.plan = p.plan;
+				}
 			}
 		}
 	}

@@ -286,6 +286,42 @@ Test(sim, statistical_method_matches_the_exact_simulation, .timeout = 900)
 	}
 }
 
+/* The issue's target, followed exactly: kiln at 95% or more of unbounded,
+ * without a failure, on DeepSeek-V3 (one EP group, every rank) under the
+ * profiles where ranks stay hot across layers. Before the knee in select
+ * (docs/runtime.md, step 7) zipf:1.2 gave 93.9% here: a rank hot in two
+ * layers running kept 2.45 GB for 12.0 ms in the first and was left 0.1 GB,
+ * 70.6 ms, in the second. */
+Test(sim, kiln_reaches_95_percent_of_unbounded_exactly_on_deepseek, .timeout = 900)
+{
+	static const char *const loads[] = {"zipf:1.2", "hot-rank"};
+	fixture f;
+	setup(&f, "examples/models/deepseek-v3-671b.yaml");
+	for (int l = 0; l < 2; l++) {
+		kiln_load_profile *prof;
+		cr_assert_eq(kiln_load_parse(loads[l], f.c.model->max_factor, f.a, stderr, &prof), 0);
+		kiln_sim_policy_kind two[] = {KILN_SIM_KILN, KILN_SIM_UNBOUNDED};
+		kiln_sim_config cfg = {.c = &f.c,
+		                       .rt = f.rt,
+		                       .c_no_offload = &f.c2,
+		                       .rt_no_offload = f.rt2,
+		                       .loads = prof,
+		                       .iterations = 5,
+		                       .seed = 1,
+		                       .restart_s = 284,
+		                       .checkpoint_every = 100,
+		                       .exact = 1,
+		                       .max_groups = 1};
+		kiln_sim_result r[2];
+		cr_assert_eq(kiln_sim_run(&cfg, two, 2, f.a, stderr, r), 0);
+		cr_assert_eq(r[0].ooms, 0, "%s", loads[l]);
+		cr_assert_eq(r[0].over_budget, 0, "%s", loads[l]);
+		cr_assert_geq(r[0].tokens_per_s, 0.95 * r[1].tokens_per_s, "%s: kiln at %.2f%% of unbounded",
+		              loads[l], 100 * r[0].tokens_per_s / r[1].tokens_per_s);
+	}
+	teardown(&f);
+}
+
 Test(sim, cli_table_json_and_errors)
 {
 	kt_run r = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),

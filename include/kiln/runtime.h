@@ -222,10 +222,16 @@ typedef struct kiln_plan {
  * hold ceil(inflight) micro-batches at the steady bytes beside the
  * transient in capacity - static; when
  * no plan fits, the share is dropped, then the pending micro-batches are
- * reserved only their floor (docs/runtime.md). With
+ * reserved only their floor (docs/runtime.md). Of the points that fit,
+ * the cheapest, except where the layer must save something or the share was
+ * dropped: then the largest saving whose exposed time is within 3% of the
+ * table's maximal-saving exposed time of the cheapest (the knee), so that
+ * a layer does not keep gigabytes to save a millisecond that its
+ * micro-batch's later layers then pay for many times over. With
  * KILN_PLAN_LOAD_BEYOND the figures are the last bucket's and the real bytes
  * may exceed them. Never allocates, never blocks; safe from many threads on
- * one handle; O(n_tokens) plus two table lookups with short scans. */
+ * one handle; O(n_tokens) plus two table lookups with short scans, and one
+ * lookup for the knee. */
 int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out);
 
 /* ---------------------------------------------------------------- templates */
