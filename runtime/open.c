@@ -446,10 +446,10 @@ static int build_luts(kiln_rt *rt, const uint32_t *src)
 	uint64_t n_sets = rt->count[KILN_SEC_SETS], n_tables = rt->count[KILN_SEC_TABLES];
 	uint64_t n_stages = rt->meta->n_stages, n_points = rt->count[KILN_SEC_POINTS];
 	uint32_t nb = rt->meta->n_buckets;
-	size_t bytes = sizeof(double) * (size_t)(n_sets + n_tables + n_stages) +
-	               sizeof(uint16_t) * ((size_t)n_sets * (KILN_RTI_BUCKET_SLOTS + 1) +
-	                                   (size_t)n_tables * (KILN_RTI_POINT_SLOTS + 1) +
-	                                   (size_t)n_points);
+	size_t bytes =
+	    sizeof(double) * (size_t)(n_sets + n_tables + n_stages) +
+	    sizeof(uint16_t) * ((size_t)n_sets * (KILN_RTI_BUCKET_SLOTS + 1) +
+	                        (size_t)n_tables * (KILN_RTI_POINT_SLOTS + 1) + (size_t)n_points);
 	double *block = kiln_rti_alloc(bytes);
 	if (!block)
 		return KILN_RT_ENOMEM;

@@ -299,7 +299,8 @@ Test(sim, kiln_reaches_95_percent_of_unbounded_exactly_on_deepseek, .timeout = 9
 	setup(&f, "examples/models/deepseek-v3-671b.yaml");
 	for (int l = 0; l < 2; l++) {
 		kiln_load_profile *prof;
-		cr_assert_eq(kiln_load_parse(loads[l], f.c.model->max_factor, f.a, stderr, &prof), 0);
+		cr_assert_eq(kiln_load_parse(loads[l], f.c.model->max_factor, f.a, stderr, &prof),
+		             0);
 		kiln_sim_policy_kind two[] = {KILN_SIM_KILN, KILN_SIM_UNBOUNDED};
 		kiln_sim_config cfg = {.c = &f.c,
 		                       .rt = f.rt,
@@ -316,8 +317,9 @@ Test(sim, kiln_reaches_95_percent_of_unbounded_exactly_on_deepseek, .timeout = 9
 		cr_assert_eq(kiln_sim_run(&cfg, two, 2, f.a, stderr, r), 0);
 		cr_assert_eq(r[0].ooms, 0, "%s", loads[l]);
 		cr_assert_eq(r[0].over_budget, 0, "%s", loads[l]);
-		cr_assert_geq(r[0].tokens_per_s, 0.95 * r[1].tokens_per_s, "%s: kiln at %.2f%% of unbounded",
-		              loads[l], 100 * r[0].tokens_per_s / r[1].tokens_per_s);
+		cr_assert_geq(r[0].tokens_per_s, 0.95 * r[1].tokens_per_s,
+		              "%s: kiln at %.2f%% of unbounded", loads[l],
+		              100 * r[0].tokens_per_s / r[1].tokens_per_s);
 	}
 	teardown(&f);
 }
