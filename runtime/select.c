@@ -111,7 +111,7 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	const kiln_blob_point *pts = &rt->points[t->first_point];
 	uint64_t avail = 0, need = 0;
 	uint32_t lo = 0;
-	int tried = 0;
+	int pass_used = 0;
 	/* The share through this layer, with this layer's part scaled from
 	 * load 1 to this bucket as the keep-everything bytes scale. */
 	double part = L->steady_keep_bytes
@@ -141,13 +141,13 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 		lo = plut[j ? j - 1 : 0];
 		while (pts[lo].saved_q < need_q)
 			lo++;
-		tried = pass;
+		pass_used = pass;
 		break;
 	}
 	if (lo == t->n_points) {
 		lo = t->n_points - 1;
 		flags |= KILN_PLAN_OVER_BUDGET;
-	} else if (need || tried) {
+	} else if (need || pass_used) {
 		/* The knee (docs/runtime.md, step 7): where this layer must save,
 		 * or takes more than its share, what it keeps the micro-batch's
 		 * later layers lack; it saves the most it can within a small
