@@ -804,8 +804,6 @@ Test(runtime, knee_among_equal_costs_takes_the_largest_saving)
 	free(b);
 }
 
-/* Decisions grow monotonically with need: more free memory never makes a
- * plan save more (the frontier is walked from the cheap end). */
 /* 1F1B's steady state on one stage, through the runtime alone: a window
  * of ceil(inflight) micro-batches at load 1, each deciding its layers in
  * order with what is free beside the others in flight (as a trainer
@@ -876,6 +874,8 @@ Test(runtime, a_full_window_at_load_one_shares_alike)
 	free(b);
 }
 
+/* Decisions grow monotonically with need: more free memory never makes a
+ * plan save more (the frontier is walked from the cheap end). */
 Test(runtime, more_free_memory_never_saves_more)
 {
 	size_t len;

@@ -55,26 +55,33 @@ static void teardown(fixture *f)
 	kiln_arena_free(f->a);
 }
 
-static void run_on(fixture *f, const char *loads, int64_t iters, int exact, int32_t threads,
-                   kiln_sim_result *out)
+/* The simulation of f's model under loads: both blobs, seed 7, restarts
+ * of 284 s, checkpoints every 100 iterations. */
+static kiln_sim_config config(fixture *f, const char *loads, int64_t iters, int exact)
 {
 	kiln_load_profile *prof;
 	cr_assert_eq(kiln_load_parse(loads, f->c.model->max_factor, f->a, stderr, &prof), 0);
+	return (kiln_sim_config){.c = &f->c,
+	                         .rt = f->rt,
+	                         .c_no_offload = &f->c2,
+	                         .rt_no_offload = f->rt2,
+	                         .loads = prof,
+	                         .iterations = iters,
+	                         .seed = 7,
+	                         .restart_s = 284,
+	                         .checkpoint_every = 100,
+	                         .exact = exact};
+}
+
+static void run_on(fixture *f, const char *loads, int64_t iters, int exact, int32_t threads,
+                   kiln_sim_result *out)
+{
 	kiln_sim_policy_kind all[KILN_SIM_POLICY_COUNT];
 	for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++)
 		all[k] = (kiln_sim_policy_kind)k;
-	kiln_sim_config cfg = {.c = &f->c,
-	                       .rt = f->rt,
-	                       .c_no_offload = &f->c2,
-	                       .rt_no_offload = f->rt2,
-	                       .loads = prof,
-	                       .iterations = iters,
-	                       .seed = 7,
-	                       .restart_s = 284,
-	                       .checkpoint_every = 100,
-	                       .exact = exact,
-	                       .acct_rt = f->acct,
-	                       .threads = threads};
+	kiln_sim_config cfg = config(f, loads, iters, exact);
+	cfg.acct_rt = f->acct;
+	cfg.threads = threads;
 	cr_assert_eq(kiln_sim_run(&cfg, all, KILN_SIM_POLICY_COUNT, f->a, stderr, out), 0);
 }
 
@@ -298,21 +305,10 @@ Test(sim, kiln_reaches_95_percent_of_unbounded_exactly_on_deepseek, .timeout = 9
 	fixture f;
 	setup(&f, "examples/models/deepseek-v3-671b.yaml");
 	for (int l = 0; l < 2; l++) {
-		kiln_load_profile *prof;
-		cr_assert_eq(kiln_load_parse(loads[l], f.c.model->max_factor, f.a, stderr, &prof),
-		             0);
 		kiln_sim_policy_kind two[] = {KILN_SIM_KILN, KILN_SIM_UNBOUNDED};
-		kiln_sim_config cfg = {.c = &f.c,
-		                       .rt = f.rt,
-		                       .c_no_offload = &f.c2,
-		                       .rt_no_offload = f.rt2,
-		                       .loads = prof,
-		                       .iterations = 5,
-		                       .seed = 1,
-		                       .restart_s = 284,
-		                       .checkpoint_every = 100,
-		                       .exact = 1,
-		                       .max_groups = 1};
+		kiln_sim_config cfg = config(&f, loads[l], 5, 1);
+		cfg.seed = 1; /* as docs/results.md's exact runs */
+		cfg.max_groups = 1;
 		kiln_sim_result r[2];
 		cr_assert_eq(kiln_sim_run(&cfg, two, 2, f.a, stderr, r), 0);
 		cr_assert_eq(r[0].ooms, 0, "%s", loads[l]);
