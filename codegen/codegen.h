@@ -30,8 +30,11 @@ kiln_json *kiln_json_add_array(kiln_json *parent, const char *key);
 void kiln_json_add_number(kiln_json *parent, const char *key, double v);
 void kiln_json_add_string(kiln_json *parent, const char *key, const char *v);
 void kiln_json_add_bool(kiln_json *parent, const char *key, bool v);
-/* Writes the document, pretty-printed, with a trailing newline. Returns 0, or
- * -1 when building the document ran out of memory or the write failed. */
+/* Writes the document, pretty-printed, with a trailing newline. Returns 0,
+ * KILN_JSON_ENOMEM when building or printing the document ran out of
+ * memory (nothing written), or KILN_JSON_EWRITE when a write to out failed
+ * (errno and ferror(out) tell why). */
+enum { KILN_JSON_ENOMEM = -1, KILN_JSON_EWRITE = -2 };
 int kiln_json_write(const kiln_json *root, FILE *out);
 void kiln_json_free(kiln_json *root);
 

@@ -116,11 +116,11 @@ static bool has_failure(const cJSON *node)
 int kiln_json_write(const kiln_json *root, FILE *out)
 {
 	if (!root || has_failure(C(root)))
-		return -1;
+		return KILN_JSON_ENOMEM;
 	char *text = cJSON_Print(C(root));
 	if (!text)
-		return -1;
-	int rc = (fputs(text, out) < 0 || fputc('\n', out) == EOF) ? -1 : 0;
+		return KILN_JSON_ENOMEM;
+	int rc = (fputs(text, out) < 0 || fputc('\n', out) == EOF) ? KILN_JSON_EWRITE : 0;
 	cJSON_free(text);
 	return rc;
 }

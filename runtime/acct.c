@@ -2,8 +2,8 @@
  * cannot say how much memory is free.
  *
  * Counters are atomics updated with compare-and-swap, so events from many
- * threads need no lock and an event that would take a count below zero is
- * refused without changing anything. Events of one micro-batch must come in
+ * threads need no lock, and an event that would take a count below zero or
+ * past UINT64_MAX is refused without changing anything. Events of one micro-batch must come in
  * order (one thread at a time per micro-batch); micro-batches are told apart
  * modulo KILN_RTI_MB_SLOTS.
  */
@@ -45,9 +45,15 @@ static int take(_Atomic uint64_t *c, uint64_t bytes)
 	return 0;
 }
 
-static void give(_Atomic uint64_t *c, uint64_t bytes)
+/* *c += bytes unless that passes UINT64_MAX. Returns 0 or -1. */
+static int put(_Atomic uint64_t *c, uint64_t bytes)
 {
-	atomic_fetch_add(c, bytes);
+	uint64_t v = atomic_load(c);
+	do {
+		if (bytes > UINT64_MAX - v)
+			return -1;
+	} while (!atomic_compare_exchange_weak(c, &v, v + bytes));
+	return 0;
 }
 
 static void raise_peak(kiln_rti_acct *a, uint64_t held)
@@ -55,6 +61,30 @@ static void raise_peak(kiln_rti_acct *a, uint64_t held)
 	uint64_t peak = atomic_load(&a->peak_bytes);
 	while (held > peak && !atomic_compare_exchange_weak(&a->peak_bytes, &peak, held))
 		;
+}
+
+/* Moves bytes from one pair of counters (the micro-batch's and the total)
+ * to another: from the micro-batch's count first, to the total first, so
+ * that a micro-batch's count never exceeds its total's, even between the
+ * steps, and a total that cannot take the bytes is found before anything
+ * else changes. A NULL side is the outside world. Returns 0, or -1 with the
+ * counters as they were. */
+static int move(_Atomic uint64_t *from_mb, _Atomic uint64_t *from_total, _Atomic uint64_t *to_mb,
+                _Atomic uint64_t *to_total, uint64_t bytes)
+{
+	if (from_mb && take(from_mb, bytes) != 0)
+		return -1;
+	if (to_total && put(to_total, bytes) != 0) {
+		if (from_mb)
+			atomic_fetch_add(from_mb, bytes);
+		return -1;
+	}
+	/* Cannot fail: a micro-batch's count is at most its total's. */
+	if (from_total)
+		take(from_total, bytes);
+	if (to_mb)
+		put(to_mb, bytes);
+	return 0;
 }
 
 int kiln_rt_acct_record(kiln_rt *rt, uint32_t mb, kiln_acct_event ev, uint64_t bytes)
@@ -65,41 +95,32 @@ int kiln_rt_acct_record(kiln_rt *rt, uint32_t mb, kiln_acct_event ev, uint64_t b
 	if (atomic_load(&a->stage) < 0)
 		return KILN_RT_EINVAL;
 	uint32_t s = mb % KILN_RTI_MB_SLOTS;
-	int was_open = atomic_load(&a->mb_device[s]) || atomic_load(&a->mb_host[s]);
+	_Atomic uint64_t *mdev = &a->mb_device[s], *mhost = &a->mb_host[s];
+	int was_open = atomic_load(mdev) || atomic_load(mhost);
+	int rc;
 	switch (ev) {
 	case KILN_ACCT_PRODUCED:
-		give(&a->mb_device[s], bytes);
-		give(&a->device_bytes, bytes);
+		rc = move(NULL, NULL, mdev, &a->device_bytes, bytes);
 		break;
 	case KILN_ACCT_FREED:
-		if (take(&a->mb_device[s], bytes) != 0)
-			return KILN_RT_EACCT;
-		take(&a->device_bytes, bytes);
+		rc = move(mdev, &a->device_bytes, NULL, NULL, bytes);
 		break;
 	case KILN_ACCT_OFFLOADED:
-		if (take(&a->mb_device[s], bytes) != 0)
-			return KILN_RT_EACCT;
-		take(&a->device_bytes, bytes);
-		give(&a->mb_host[s], bytes);
-		give(&a->host_bytes, bytes);
+		rc = move(mdev, &a->device_bytes, mhost, &a->host_bytes, bytes);
 		break;
 	case KILN_ACCT_RELOADED:
-		if (take(&a->mb_host[s], bytes) != 0)
-			return KILN_RT_EACCT;
-		take(&a->host_bytes, bytes);
-		give(&a->mb_device[s], bytes);
-		give(&a->device_bytes, bytes);
+		rc = move(mhost, &a->host_bytes, mdev, &a->device_bytes, bytes);
 		break;
 	case KILN_ACCT_DROPPED:
-		if (take(&a->mb_host[s], bytes) != 0)
-			return KILN_RT_EACCT;
-		take(&a->host_bytes, bytes);
+		rc = move(mhost, &a->host_bytes, NULL, NULL, bytes);
 		break;
 	default:
 		return KILN_RT_EINVAL;
 	}
+	if (rc != 0)
+		return KILN_RT_EACCT;
 	raise_peak(a, atomic_load(&a->device_bytes));
-	int is_open = atomic_load(&a->mb_device[s]) || atomic_load(&a->mb_host[s]);
+	int is_open = atomic_load(mdev) || atomic_load(mhost);
 	if (is_open && !was_open)
 		atomic_fetch_add(&a->open, 1);
 	else if (!is_open && was_open)

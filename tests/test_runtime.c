@@ -1014,6 +1014,55 @@ Test(runtime, accounting_counts_and_refuses_negative)
 	free(b);
 }
 
+/* No counter wraps: an event that would take one past UINT64_MAX is
+ * refused and changes nothing. Counts by hand below, M = UINT64_MAX. */
+Test(runtime, accounting_never_wraps)
+{
+	size_t len;
+	unsigned char *b = blob_of("examples/models/tiny.yaml", &len);
+	kiln_rt *rt = open_ok(b, len);
+	const uint64_t M = UINT64_MAX;
+	cr_assert_eq(kiln_rt_acct_reset(rt, 0, 1000), 0);
+	kiln_acct a;
+	/* The device total (and mb 0's count): M, then 2 more would wrap to 1. */
+	cr_assert_eq(kiln_rt_acct_record(rt, 0, KILN_ACCT_PRODUCED, M), 0);
+	cr_assert_eq(kiln_rt_acct_record(rt, 0, KILN_ACCT_PRODUCED, 2), KILN_RT_EACCT);
+	cr_assert_eq(kiln_rt_acct_record(rt, 1, KILN_ACCT_PRODUCED, 1), KILN_RT_EACCT,
+	             "another micro-batch's bytes would wrap the total too");
+	kiln_rt_acct_get(rt, &a);
+	cr_assert_eq(a.device_bytes, M);
+	cr_assert_eq(a.free_bytes, 0, "nothing is free at M held");
+	cr_assert_eq(a.open_microbatches, 1);
+	/* The host total: mb 0 offloads all M (device 0, host M); mb 1 makes 5
+	 * and cannot offload 1 of them (host M + 1), so device stays 5. */
+	cr_assert_eq(kiln_rt_acct_record(rt, 0, KILN_ACCT_OFFLOADED, M), 0);
+	cr_assert_eq(kiln_rt_acct_record(rt, 1, KILN_ACCT_PRODUCED, 5), 0);
+	cr_assert_eq(kiln_rt_acct_record(rt, 1, KILN_ACCT_OFFLOADED, 1), KILN_RT_EACCT);
+	kiln_rt_acct_get(rt, &a);
+	cr_assert_eq(a.device_bytes, 5);
+	cr_assert_eq(a.host_bytes, M);
+	/* The device total again, through a reload: 5 + M would wrap; mb 0's
+	 * host count stays M. */
+	cr_assert_eq(kiln_rt_acct_record(rt, 0, KILN_ACCT_RELOADED, M), KILN_RT_EACCT);
+	kiln_rt_acct_get(rt, &a);
+	cr_assert_eq(a.device_bytes, 5);
+	cr_assert_eq(a.host_bytes, M);
+	cr_assert_eq(a.open_microbatches, 2);
+	/* Nothing changed: every count still drains to exactly zero. */
+	cr_assert_eq(kiln_rt_acct_record(rt, 1, KILN_ACCT_FREED, 5), 0);
+	cr_assert_eq(kiln_rt_acct_record(rt, 0, KILN_ACCT_RELOADED, M), 0);
+	cr_assert_eq(kiln_rt_acct_record(rt, 0, KILN_ACCT_FREED, M), 0);
+	kiln_rt_acct_get(rt, &a);
+	cr_assert_eq(a.device_bytes, 0);
+	cr_assert_eq(a.host_bytes, 0);
+	cr_assert_eq(a.open_microbatches, 0);
+	cr_assert_eq(a.peak_device_bytes, M);
+	cr_assert_str_eq(kiln_rt_strerror(KILN_RT_EACCT),
+	                 "accounting would go negative or overflow");
+	kiln_rt_close(rt);
+	free(b);
+}
+
 typedef struct acct_job {
 	kiln_rt *rt;
 	uint32_t mb;

@@ -427,4 +427,59 @@ Test(trainer, bad_input, .timeout = 900)
 	free(plan);
 }
 
+/* The trainer's logs follow kilnc's output rule (docs/cli.md, "Output
+ * files"): a log that cannot be written fails the run with the reason, and
+ * no log may name a file the trainer reads. */
+Test(trainer, logs_follow_the_output_rule, .timeout = 900)
+{
+	char *plan = compile_plan(), *out;
+	int st = trainer(&out, 4, plan, "--steps 1 --log /dev/full");
+	cr_expect_eq(st, 1, "%s", out);
+	cr_expect(strstr(out, "cannot write /dev/full: No space left on device"), "%s", out);
+	free(out);
+
+	FILE *f = fopen(plan, "rb");
+	cr_assert_not_null(f);
+	fseek(f, 0, SEEK_END);
+	long before = ftell(f);
+	fclose(f);
+	char args[4200];
+	snprintf(args, sizeof args, "--steps 1 --log %s", plan);
+	st = trainer(&out, 4, plan, args);
+	cr_expect_eq(st, 2, "%s", out);
+	cr_expect(strstr(out, "is the input --plan"), "%s", out);
+	free(out);
+	f = fopen(plan, "rb");
+	cr_assert_not_null(f);
+	fseek(f, 0, SEEK_END);
+	cr_expect_eq(ftell(f), before, "the plan was overwritten");
+	fclose(f);
+
+	/* --unit-log PREFIX writes PREFIX.RANK: rank 1's would be the text. */
+	char *text = kt_temp_file(".1", "the training text\n", 18);
+	char prefix[256];
+	snprintf(prefix, sizeof prefix, "%.*s", (int)(strlen(text) - 2), text);
+	snprintf(args, sizeof args, "--steps 1 --data %s --unit-log %s", text, prefix);
+	st = trainer(&out, 4, plan, args);
+	cr_expect_eq(st, 2, "%s", out);
+	cr_expect(strstr(out, "is the input --data"), "%s", out);
+	free(out);
+	f = fopen(text, "rb");
+	cr_assert_not_null(f);
+	char buf[64] = "";
+	cr_expect(fgets(buf, sizeof buf, f) && strcmp(buf, "the training text\n") == 0,
+	          "the text was overwritten");
+	fclose(f);
+	for (int r = 0; r < 4; r++) {
+		char p[300];
+		snprintf(p, sizeof p, "%s.%d", prefix, r);
+		if (r != 1)
+			cr_expect_neq(access(p, F_OK), 0, "%s was written", p);
+	}
+	unlink(text);
+	free(text);
+	unlink(plan);
+	free(plan);
+}
+
 #endif

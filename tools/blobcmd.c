@@ -479,8 +479,9 @@ int kilnc_inspect(int argc, char **argv)
 		return rc;
 	if (json) {
 		kiln_json *doc = inspect_json(rt, path, bytes, templates);
-		if (kiln_json_write(doc, stdout) != 0) {
-			fprintf(stderr, "kilnc: error: out of memory writing JSON\n");
+		if (kiln_json_write(doc, stdout) == KILN_JSON_ENOMEM) {
+			/* A failed write is reported by main's finish_output. */
+			fprintf(stderr, "kilnc: error: out of memory building the JSON output\n");
 			rc = KILNC_EXIT_INPUT;
 		}
 		kiln_json_free(doc);
@@ -730,8 +731,9 @@ int kilnc_select(int argc, char **argv)
 			kiln_json_add_string(uo, "action", action_name(plan.actions[u]));
 			kiln_json_add_number(uo, "bytes", (double)kiln_rt_unit_bytes(rt, q.layer, u, rows));
 		}
-		if (kiln_json_write(doc, stdout) != 0) {
-			fprintf(stderr, "kilnc: error: out of memory writing JSON\n");
+		if (kiln_json_write(doc, stdout) == KILN_JSON_ENOMEM) {
+			/* A failed write is reported by main's finish_output. */
+			fprintf(stderr, "kilnc: error: out of memory building the JSON output\n");
 			rc = KILNC_EXIT_INPUT;
 		}
 		kiln_json_free(doc);

@@ -18,6 +18,7 @@
 #include "frontend/frontend.h"
 #include "kiln/runtime.h"
 #include "passes/passes.h"
+#include "tools/output.h"
 #include "tools/tools.h"
 
 enum {
@@ -309,13 +310,6 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 			return EXIT_USAGE;
 		}
 	}
-	const char *views[] = {out->emit_mlir, out->emit_trace, out->emit_svg, out->blob};
-	for (int i = 0; i < 4; i++)
-		for (int j = i + 1; j < 4; j++)
-			if (views[i] && views[j] && strcmp(views[i], views[j]) == 0) {
-				usage_error("two views would be written to '%s'", views[i]);
-				return EXIT_USAGE;
-			}
 	if (!out->help && !out->model) {
 		fprintf(stderr, "kilnc: error: '%s' needs a MODEL file\n", cmd);
 		fprintf(stderr, "Try 'kilnc help %s'.\n", cmd);
@@ -347,14 +341,32 @@ static int load_graph(const options *o, kiln_arena *a, kiln_ir_graph **out)
 	return EXIT_OK;
 }
 
-/* Flushes stdout and turns a failed write (full disk, closed pipe) into an error. */
+/* Flushes stdout and turns a failed write (full disk, closed pipe) into an
+ * error that gives its reason. */
 static int finish_output(int rc)
 {
-	if (fflush(stdout) != 0 || ferror(stdout)) {
-		fprintf(stderr, "kilnc: error: writing the output failed\n");
+	if (kiln_out_stdout_finish("kilnc", stderr) != 0)
 		return rc ? rc : EXIT_INPUT;
+	return rc;
+}
+
+/* Writes doc to stdout; a failed write is left to finish_output, which gives
+ * its reason. Returns rc, or EXIT_INPUT (reported) when the document could
+ * not be built. */
+static int write_json_stdout(const kiln_json *doc, int rc)
+{
+	if (kiln_json_write(doc, stdout) == KILN_JSON_ENOMEM) {
+		fprintf(stderr, "kilnc: error: out of memory building the JSON output\n");
+		return EXIT_INPUT;
 	}
 	return rc;
+}
+
+void kilnc_model_inputs(const char *path, const kiln_model *m, kiln_out_name *out)
+{
+	out[0] = (kiln_out_name){"MODEL", path};
+	out[1] = (kiln_out_name){"the hardware profile",
+	                         m && m->hw.source && m->hw.source[0] != '<' ? m->hw.source : NULL};
 }
 
 static int cmd_check(int argc, char **argv)
@@ -384,10 +396,7 @@ static int cmd_report(int argc, char **argv)
 	if (rc == EXIT_OK) {
 		if (o.json) {
 			kiln_json *doc = kiln_report_json(g);
-			if (kiln_json_write(doc, stdout) != 0) {
-				fprintf(stderr, "kilnc: error: out of memory writing JSON\n");
-				rc = EXIT_INPUT;
-			}
+			rc = write_json_stdout(doc, rc);
 			kiln_json_free(doc);
 		} else {
 			kiln_report_text(g, stdout);
@@ -447,155 +456,27 @@ static int view_mlir(const void *arg, FILE *f)
 	return rc;
 }
 
-/* A view on its way to its file. Regular files (and new ones) are written
- * to a temporary file beside their real target (symlinks resolved) and
- * renamed into place only when every view of the command has succeeded, so
- * a failing command leaves every target as it was. Anything else (a device
- * such as /dev/null, a FIFO) is written directly: renaming over it would
- * replace the node. */
-typedef struct staged_view {
-	const char *path;  /* as given */
-	char *target;      /* where the bytes go in the end (malloc'd) */
-	char *tmp;         /* temporary file, or NULL when written directly */
-} staged_view;
-
-/* The canonical name of path: realpath of the file, or of its directory plus
- * its base name when it does not exist yet. malloc'd, or NULL. */
-static char *canonical_path(const char *path)
+/* Opens path by the output rule (tools/output.h) and writes fn's view into
+ * it. Returns the output, to be committed or discarded, or NULL (reported:
+ * a failed write with its reason). */
+static kiln_out *stage_view(const char *path, view_fn fn, const void *arg)
 {
-	char *r = realpath(path, NULL);
-	if (r)
-		return r;
-	/* A dangling symlink: follow it to where its target would be. */
-	struct stat lst;
-	char link[4096];
-	ssize_t len;
-	if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode) &&
-	    (len = readlink(path, link, sizeof link - 1)) > 0) {
-		link[len] = '\0';
-		static int depth;
-		if (depth > 8)
-			return NULL;
-		const char *slash = strrchr(path, '/');
-		char *next;
-		if (link[0] == '/' || !slash) {
-			next = strdup(link);
-		} else {
-			size_t n = (size_t)(slash - path) + 1 + strlen(link) + 1;
-			next = malloc(n);
-			if (next)
-				snprintf(next, n, "%.*s/%s", (int)(slash - path), path, link);
-		}
-		if (!next)
-			return NULL;
-		depth++;
-		char *out = canonical_path(next);
-		depth--;
-		free(next);
-		return out;
+	kiln_out *o = kiln_out_open("kilnc", path, stderr);
+	if (o && fn(arg, kiln_out_stream(o)) != 0) {
+		/* Not a failed write: the writers' other failure is memory. */
+		if (kiln_out_finish(o, stderr) == 0)
+			fprintf(stderr, "kilnc: error: cannot write %s: out of memory\n", path);
+		kiln_out_discard(o);
+		o = NULL;
 	}
-	const char *slash = strrchr(path, '/');
-	char *dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
-	char *rdir = dir ? realpath(dir, NULL) : NULL;
-	free(dir);
-	if (!rdir)
-		return NULL;
-	const char *base = slash ? slash + 1 : path;
-	size_t n = strlen(rdir) + strlen(base) + 2;
-	char *out = malloc(n);
-	if (out)
-		snprintf(out, n, "%s/%s", rdir, base);
-	free(rdir);
-	return out;
-}
-
-/* Writes one view into its staging place. Returns 0 or EXIT_INPUT (reported). */
-static int stage_view(staged_view *v, view_fn fn, const void *arg)
-{
-	struct stat st;
-	v->target = canonical_path(v->path);
-	if (!v->target) {
-		fprintf(stderr, "kilnc: error: cannot write %s: %s\n", v->path, strerror(errno));
-		return EXIT_INPUT;
-	}
-	bool exists = stat(v->target, &st) == 0;
-	if (exists && S_ISDIR(st.st_mode)) {
-		fprintf(stderr, "kilnc: error: cannot write %s: it is a directory\n", v->path);
-		return EXIT_INPUT;
-	}
-	FILE *f;
-	if (exists && !S_ISREG(st.st_mode)) {
-		f = fopen(v->target, "wb");
-		if (!f) {
-			fprintf(stderr, "kilnc: error: cannot write %s: %s\n", v->path, strerror(errno));
-			return EXIT_INPUT;
-		}
-	} else {
-		static const char suffix[] = ".tmp.XXXXXX";
-		size_t n = strlen(v->target);
-		v->tmp = malloc(n + sizeof suffix);
-		if (!v->tmp) {
-			fprintf(stderr, "kilnc: error: out of memory writing %s\n", v->path);
-			return EXIT_INPUT;
-		}
-		memcpy(v->tmp, v->target, n);
-		memcpy(v->tmp + n, suffix, sizeof suffix);
-		int fd = mkstemp(v->tmp);
-		if (fd < 0) {
-			fprintf(stderr, "kilnc: error: cannot write %s: %s\n", v->path, strerror(errno));
-			free(v->tmp);
-			v->tmp = NULL;
-			return EXIT_INPUT;
-		}
-		/* mkstemp makes the file 0600; give it the mode a plain fopen would. */
-		mode_t mask = umask(0);
-		umask(mask);
-		if (fchmod(fd, exists ? st.st_mode & 07777 : 0666 & ~mask) != 0 ||
-		    !(f = fdopen(fd, "wb"))) {
-			close(fd);
-			fprintf(stderr, "kilnc: error: cannot write %s: %s\n", v->path, strerror(errno));
-			return EXIT_INPUT;
-		}
-	}
-	int rc = fn(arg, f);
-	if (fflush(f) != 0 || ferror(f))
-		rc = -1;
-	if (fclose(f) != 0)
-		rc = -1;
-	if (rc != 0) {
-		fprintf(stderr, "kilnc: error: writing %s failed\n", v->path);
-		return EXIT_INPUT;
-	}
-	return EXIT_OK;
-}
-
-/* Renames every staged view into place when ok, else removes the temporary
- * files; frees everything. Returns 0 or EXIT_INPUT (reported). */
-static int commit_views(staged_view *v, int n, bool ok)
-{
-	int rc = ok ? EXIT_OK : EXIT_INPUT;
-	for (int i = 0; i < n; i++) {
-		if (v[i].tmp) {
-			if (rc == EXIT_OK && rename(v[i].tmp, v[i].target) != 0) {
-				fprintf(stderr, "kilnc: error: cannot write %s: %s\n", v[i].path,
-				        strerror(errno));
-				rc = EXIT_INPUT;
-			}
-			if (rc != EXIT_OK)
-				unlink(v[i].tmp);
-		}
-		free(v[i].tmp);
-		free(v[i].target);
-	}
-	return rc;
+	return o;
 }
 
 /* One view to one file (kilnc viz). */
 static int write_view(const char *path, view_fn fn, const void *arg)
 {
-	staged_view v = {.path = path};
-	int rc = stage_view(&v, fn, arg);
-	return commit_views(&v, 1, rc == EXIT_OK);
+	kiln_out *o = stage_view(path, fn, arg);
+	return o && kiln_out_commit(o, stderr) == 0 ? EXIT_OK : EXIT_INPUT;
 }
 
 /* The blob's bytes, for view_blob. */
@@ -630,8 +511,8 @@ static int build_blob(const kiln_compilation *c, blob_bytes *out)
 	return EXIT_OK;
 }
 
-/* The views compile was asked for, and the blob when feasible: all or none.
- * Returns 0 or EXIT_INPUT (reported). */
+/* The views compile was asked for, and the blob when feasible: all or none
+ * (tools/output.h). Returns 0 or EXIT_INPUT (reported). */
 static int write_views(const options *o, const kiln_compilation *c, bool feasible)
 {
 	bool blob = o->blob && feasible;
@@ -642,38 +523,34 @@ static int write_views(const options *o, const kiln_compilation *c, bool feasibl
 		                "not run)\n");
 		return EXIT_INPUT;
 	}
-	staged_view v[4];
 	blob_bytes bytes = {0};
-	int n = 0, rc = EXIT_OK;
-	if (blob) {
-		rc = build_blob(c, &bytes);
-		if (rc == EXIT_OK) {
-			v[n] = (staged_view){.path = o->blob};
-			rc = stage_view(&v[n++], view_blob, &bytes);
-		}
-	}
-	if (rc == EXIT_OK && o->emit_mlir) {
-		v[n] = (staged_view){.path = o->emit_mlir};
-		rc = stage_view(&v[n++], view_mlir, c);
-	}
-	if (rc == EXIT_OK && o->emit_trace) {
-		v[n] = (staged_view){.path = o->emit_trace};
-		rc = stage_view(&v[n++], view_trace, c->schedule);
-	}
-	if (rc == EXIT_OK && o->emit_svg) {
-		v[n] = (staged_view){.path = o->emit_svg};
-		rc = stage_view(&v[n++], view_svg, c->schedule);
+	struct {
+		const char *path;
+		view_fn fn;
+		const void *arg;
+	} views[] = {{blob ? o->blob : NULL, view_blob, &bytes},
+	             {o->emit_mlir, view_mlir, c},
+	             {o->emit_trace, view_trace, c->schedule},
+	             {o->emit_svg, view_svg, c->schedule}};
+	kiln_out *out[4];
+	size_t n = 0;
+	int rc = blob ? build_blob(c, &bytes) : EXIT_OK;
+	for (size_t i = 0; i < 4 && rc == EXIT_OK; i++) {
+		if (!views[i].path)
+			continue;
+		out[n] = stage_view(views[i].path, views[i].fn, views[i].arg);
+		if (out[n])
+			n++;
+		else
+			rc = EXIT_INPUT;
 	}
 	free(bytes.p);
-	/* Two names for one file (x.json and ./x.json) would overwrite each other. */
-	for (int i = 0; i < n && rc == EXIT_OK; i++)
-		for (int j = i + 1; j < n && rc == EXIT_OK; j++)
-			if (v[i].target && v[j].target && strcmp(v[i].target, v[j].target) == 0) {
-				fprintf(stderr, "kilnc: error: '%s' and '%s' are the same file\n", v[i].path,
-				        v[j].path);
-				rc = EXIT_INPUT;
-			}
-	return commit_views(v, n, rc == EXIT_OK);
+	if (rc != EXIT_OK) {
+		for (size_t i = 0; i < n; i++)
+			kiln_out_discard(out[i]);
+		return rc;
+	}
+	return kiln_out_commit_all(out, n, stderr) == 0 ? EXIT_OK : EXIT_INPUT;
 }
 
 /* Reads a regular file of at most VIZ_MAX_BYTES into a malloc'd buffer.
@@ -833,6 +710,9 @@ static int cmd_viz(int argc, char **argv)
 		            plan);
 		return EXIT_USAGE;
 	}
+	const kiln_out_name in = {"PLAN", plan}, outn = {"-o", out};
+	if (kiln_out_check("kilnc", &in, 1, &outn, 1, stderr) != 0)
+		return EXIT_USAGE;
 	char *text;
 	size_t len;
 	int rc = read_plan_file(plan, &text, &len);
@@ -882,6 +762,16 @@ static int cmd_compile(int argc, char **argv)
 		kiln_arena_free(a);
 		return EXIT_INPUT;
 	}
+	kiln_out_name in[2];
+	kilnc_model_inputs(o.model, m, in);
+	const kiln_out_name out[] = {{"-o", o.blob},
+	                             {"--emit-mlir", o.emit_mlir},
+	                             {"--emit-trace", o.emit_trace},
+	                             {"--emit-svg", o.emit_svg}};
+	if (kiln_out_check("kilnc", in, 2, out, 4, stderr) != 0) {
+		kiln_arena_free(a);
+		return EXIT_USAGE;
+	}
 	kiln_compilation c = {.model = m, .arena = a};
 	c.solver = o.solver && strcmp(o.solver, "milp") == 0 ? KILN_SOLVER_MILP : KILN_SOLVER_DP;
 	c.progress = isatty(2) ? stderr : NULL;
@@ -899,10 +789,7 @@ static int cmd_compile(int argc, char **argv)
 		rc = EXIT_INFEASIBLE;
 	} else if (o.json) {
 		kiln_json *doc = kiln_plans_json(&c);
-		if (kiln_json_write(doc, stdout) != 0) {
-			fprintf(stderr, "kilnc: error: out of memory writing JSON\n");
-			rc = EXIT_INPUT;
-		}
+		rc = write_json_stdout(doc, rc);
 		kiln_json_free(doc);
 	} else if (!o.dump_after) {
 		kiln_plans_text(&c, stdout);
@@ -913,6 +800,7 @@ static int cmd_compile(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+	kiln_out_stdout_init();
 	if (argc < 2) {
 		print_usage(stderr);
 		return EXIT_USAGE;

@@ -14,6 +14,7 @@
 #include "kiln/runtime.h"
 #include "passes/passes.h"
 #include "sim/sim.h"
+#include "tools/output.h"
 #include "tools/tools.h"
 
 static const char HELP_SIMULATE[] =
@@ -102,45 +103,12 @@ static int compile_model(const kiln_model *m, bool no_offload, kiln_arena *a,
 	return KILNC_EXIT_OK;
 }
 
-/* Writes path whole or not at all: fill writes into a temporary file
- * beside it (0 for success), renamed over path once complete. Reports a
- * failure on stderr and returns -1. */
-static int write_atomically(const char *path, int (*fill)(FILE *f, void *ctx), void *ctx)
-{
-	size_t len = strlen(path);
-	char *tmp = malloc(len + 16);
-	int rc = -1;
-	if (tmp) {
-		memcpy(tmp, path, len);
-		memcpy(tmp + len, ".tmp.XXXXXX", 12);
-		int fd = mkstemp(tmp);
-		/* mkstemp makes the file 0600; give it the mode fopen would. */
-		mode_t mask = umask(0);
-		umask(mask);
-		if (fd >= 0)
-			(void)fchmod(fd, 0666 & ~mask);
-		FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-		if (f) {
-			int wrc = fill(f, ctx);
-			if (fclose(f) == 0 && wrc == 0 && rename(tmp, path) == 0)
-				rc = 0;
-		} else if (fd >= 0) {
-			close(fd);
-		}
-		if (rc != 0 && fd >= 0)
-			unlink(tmp);
-	}
-	int saved = errno;
-	if (rc != 0)
-		fprintf(stderr, "kilnc: error: cannot write %s: %s\n", path,
-		        saved ? strerror(saved) : "write failed");
-	free(tmp);
-	return rc;
-}
-
 static int fill_json(FILE *f, void *doc)
 {
-	return kiln_json_write(doc, f);
+	int rc = kiln_json_write(doc, f);
+	if (rc == KILN_JSON_ENOMEM)
+		fprintf(stderr, "kilnc: error: out of memory building the trace\n");
+	return rc;
 }
 
 typedef struct load_csv {
@@ -196,7 +164,7 @@ static int write_trace(const char *path, const kiln_sim_result *res, int32_t n)
 			kiln_json_add_number(e, "dur", op->end_us - op->start_us);
 		}
 	}
-	int rc = write_atomically(path, fill_json, doc);
+	int rc = kiln_out_write("kilnc", path, fill_json, doc, stderr);
 	kiln_json_free(doc);
 	return rc;
 }
@@ -306,6 +274,20 @@ int kilnc_simulate(int argc, char **argv)
 	}
 	if (kiln_frontend_load_file(model, a, stderr, &m) != KILN_FRONTEND_OK)
 		goto out;
+	{
+		/* A --loads that names no file is a profile (paper, zipf:1.2). */
+		struct stat st;
+		kiln_out_name in[4] = {{"--plan", plan}, {"--loads", NULL}};
+		if (loads && stat(loads, &st) == 0)
+			in[1].path = loads;
+		kilnc_model_inputs(model, m, &in[2]);
+		const kiln_out_name outs[] = {{"--emit-trace", trace},
+		                              {"--emit-loads", emit_loads}};
+		if (kiln_out_check("kilnc", in, 4, outs, 2, stderr) != 0) {
+			rc = KILNC_EXIT_USAGE;
+			goto out;
+		}
+	}
 	if (kiln_load_parse(loads ? loads : "paper", m->max_factor, a, stderr, &prof) != 0)
 		goto out;
 	if ((rc = compile_model(m, false, a, &c, &blob, &rt)) != 0)
@@ -314,7 +296,7 @@ int kilnc_simulate(int argc, char **argv)
 	if (emit_loads) {
 		load_csv lc = {.profile = prof, .seed = (uint64_t)n_seed, .iterations = n_iters};
 		kiln_sim_load_shape(&c, &lc.shape);
-		if (write_atomically(emit_loads, fill_loads, &lc) != 0)
+		if (kiln_out_write("kilnc", emit_loads, fill_loads, &lc, stderr) != 0)
 			goto out;
 		if (!policy) {
 			rc = 0;
@@ -406,10 +388,12 @@ int kilnc_simulate(int argc, char **argv)
 			for (int32_t s = 0; s < r->n_stages; s++)
 				kiln_json_add_number(pk, NULL, r->peak_bytes[s]);
 		}
+		/* A failed write is reported, with its reason, by main's
+		 * finish_output. */
 		int wrc = kiln_json_write(doc, stdout);
 		kiln_json_free(doc);
-		if (wrc != 0) {
-			fprintf(stderr, "kilnc: error: writing the JSON failed\n");
+		if (wrc == KILN_JSON_ENOMEM) {
+			fprintf(stderr, "kilnc: error: out of memory building the JSON output\n");
 			goto out;
 		}
 	} else {

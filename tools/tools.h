@@ -2,6 +2,8 @@
 #ifndef KILN_TOOLS_H
 #define KILN_TOOLS_H
 
+#include "tools/output.h"
+
 /* Exit status (docs/cli.md). */
 enum { KILNC_EXIT_OK = 0, KILNC_EXIT_INPUT = 1, KILNC_EXIT_USAGE = 2, KILNC_EXIT_INFEASIBLE = 3 };
 
@@ -10,6 +12,12 @@ enum { KILNC_EXIT_OK = 0, KILNC_EXIT_INPUT = 1, KILNC_EXIT_USAGE = 2, KILNC_EXIT
  * KILNC_EXIT_USAGE (reported on stderr) when V is missing or empty or NAME
  * was given before. */
 int kilnc_option_value(const char *name, int argc, char **argv, int *i, const char **out);
+
+/* kilnc.c: the files the description at path (loaded into m) reads, for
+ * the output rule (tools/output.h): out[0] itself, out[1] its hardware
+ * profile when it names one by path (else a NULL path). */
+struct kiln_model;
+void kilnc_model_inputs(const char *path, const struct kiln_model *m, kiln_out_name *out);
 
 /* blobcmd.c: `kilnc inspect` and `kilnc select` (arguments after the command
  * name); each returns the exit status. */

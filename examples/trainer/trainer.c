@@ -27,6 +27,7 @@
 #include "comm.h"
 #include "kiln/runtime.h"
 #include "ops.h"
+#include "tools/output.h"
 #include "trainer.h"
 
 enum { EXIT_OK = 0, EXIT_INPUT = 1, EXIT_USAGE = 2, EXIT_OOM = 3, EXIT_GRAD = 4 };
@@ -138,7 +139,8 @@ typedef struct trainer {
 	uint32_t cur_pending;
 	double loss_sum;
 	step_stats st;
-	FILE *unit_log;
+	kiln_out *unit_out, *log_out; /* the output rule (tools/output.h) */
+	FILE *unit_log;               /* unit_out's stream */
 	load_trace trace;
 } trainer;
 
@@ -169,8 +171,11 @@ static _Noreturn void fail(int code, const char *fmt, ...)
 /* Releases everything the trainer holds and finalises MPI. */
 static void finish(trainer *tr)
 {
-	if (tr->unit_log)
-		fclose(tr->unit_log);
+	/* Outputs not committed by now belong to a failed run: the files stay
+	 * as they were. */
+	kiln_out_discard(tr->unit_out);
+	kiln_out_discard(tr->log_out);
+	tr->unit_out = tr->log_out = NULL;
 	tr->unit_log = NULL;
 	kiln_copy_close(tr->ce);
 	tr->ce = NULL;
@@ -1696,12 +1701,30 @@ static void parse_args(options *o, int argc, char **argv, int rank)
 		fail_all(EXIT_USAGE, "--plan PLAN.kiln is required (see --help)");
 }
 
+/* The output rule: no output of this rank (rank 0's --log, every rank's
+ * --unit-log PREFIX.RANK) may be one of the files the trainer reads, or
+ * the other output. */
+static void check_outputs(trainer *tr)
+{
+	char unit_path[4096] = "", prog[64];
+	if (tr->opt.unit_log)
+		snprintf(unit_path, sizeof unit_path, "%s.%d", tr->opt.unit_log, tr->ci.rank);
+	snprintf(prog, sizeof prog, "kiln-trainer: rank %d", tr->ci.rank);
+	const kiln_out_name in[] = {
+	    {"--plan", tr->opt.plan}, {"--data", tr->opt.data}, {"--loads", tr->opt.loads}};
+	const kiln_out_name out[] = {{"--log", tr->ci.rank == 0 ? tr->opt.log : NULL},
+	                             {"--unit-log", tr->opt.unit_log ? unit_path : NULL}};
+	if (kiln_out_check(prog, in, 3, out, 2, stderr) != 0)
+		fail(EXIT_USAGE, "nothing was written");
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
 {
 	static trainer T; /* large: static storage */
 	trainer *tr = &T;
+	kiln_out_stdout_init();
 	tr->comm = tr_comm_start(&argc, &argv, TR_PP);
 	if (!tr->comm)
 		return EXIT_USAGE;
@@ -1712,6 +1735,7 @@ int main(int argc, char **argv)
 		tr_comm_finish(tr->comm);
 		return EXIT_OK;
 	}
+	check_outputs(tr);
 	if (tr->ci.world != TR_PP * TR_EP)
 		fail_all(EXIT_USAGE,
 		         "run with %d processes (%d stages x %d expert-parallel ranks: "
@@ -1748,18 +1772,20 @@ int main(int argc, char **argv)
 		finish(tr);
 		return EXIT_OK;
 	}
+	char unit_path[4096];
 	if (tr->opt.unit_log) {
-		char path[4096];
-		snprintf(path, sizeof path, "%s.%d", tr->opt.unit_log, tr->ci.rank);
-		tr->unit_log = fopen(path, "w");
-		if (!tr->unit_log)
-			fail(EXIT_INPUT, "cannot write %s: %s", path, strerror(errno));
+		snprintf(unit_path, sizeof unit_path, "%s.%d", tr->opt.unit_log, tr->ci.rank);
+		tr->unit_out = kiln_out_open("kiln-trainer", unit_path, stderr);
+		if (!tr->unit_out)
+			fail(EXIT_INPUT, "the unit log cannot be written");
+		tr->unit_log = kiln_out_stream(tr->unit_out);
 	}
 	FILE *log = NULL;
 	if (tr->ci.rank == 0 && tr->opt.log) {
-		log = fopen(tr->opt.log, "w");
-		if (!log)
-			fail(EXIT_INPUT, "cannot write %s: %s", tr->opt.log, strerror(errno));
+		tr->log_out = kiln_out_open("kiln-trainer", tr->opt.log, stderr);
+		if (!tr->log_out)
+			fail(EXIT_INPUT, "the log cannot be written");
+		log = kiln_out_stream(tr->log_out);
 	}
 	if (tr->ci.rank == 0 && !tr->opt.quiet)
 		printf("kiln-trainer: %d ranks (%d stages x %d EP), policy %s, arena %.2f MiB on "
@@ -1846,13 +1872,18 @@ int main(int argc, char **argv)
 		printf("kiln-trainer: done: %d steps, 0 out-of-memory failures, %" PRIu64
 		       " decisions (%" PRIu64 " over budget), %.0f tokens/s after the first step\n",
 		       steps, total_decisions, total_over, tps);
-	if (log && fclose(log))
-		fail(EXIT_INPUT, "cannot write %s", tr->opt.log);
-	if (tr->unit_log && fclose(tr->unit_log)) {
-		tr->unit_log = NULL;
-		fail(EXIT_INPUT, "cannot write the unit log");
-	}
+	/* Every write is checked here, with its reason (tools/output.h). */
+	kiln_out *unit_out = tr->unit_out, *log_out = tr->log_out;
+	tr->unit_out = tr->log_out = NULL;
 	tr->unit_log = NULL;
+	if (log_out && kiln_out_commit(log_out, stderr) != 0) {
+		kiln_out_discard(unit_out);
+		fail(EXIT_INPUT, "the log %s was not written", tr->opt.log);
+	}
+	if (unit_out && kiln_out_commit(unit_out, stderr) != 0)
+		fail(EXIT_INPUT, "the unit log %s was not written", unit_path);
+	if (tr->ci.rank == 0 && kiln_out_stdout_finish("kiln-trainer", stderr) != 0)
+		fail(EXIT_INPUT, "the standard output was not written");
 	finish(tr);
 	return EXIT_OK;
 }

@@ -29,14 +29,14 @@ extern "C" {
 	X(EINVAL, -1, "invalid argument")                                                          \
 	X(ENOMEM, -2, "out of memory")                                                             \
 	X(EIO, -3, "cannot read the blob file")                                                    \
-	X(EMAGIC, -4, "not a kiln plan blob (bad magic)")                                         \
+	X(EMAGIC, -4, "not a kiln plan blob (bad magic)")                                          \
 	X(EVERSION, -5, "unsupported blob version")                                                \
 	X(ETRUNC, -6, "blob size does not match its header (truncated or extended)")               \
 	X(ECRC, -7, "blob checksum mismatch")                                                      \
 	X(ECORRUPT, -8, "blob structure is invalid")                                               \
 	X(ERANGE, -9, "stage, layer or unit out of range")                                         \
-	X(EACCT, -10, "accounting would go negative")                                              \
-	X(EUNAVAILABLE, -11, "copy backend unavailable (library not found or incomplete)")        \
+	X(EACCT, -10, "accounting would go negative or overflow")                                  \
+	X(EUNAVAILABLE, -11, "copy backend unavailable (library not found or incomplete)")         \
 	X(ENODEVICE, -12, "copy backend found no device")                                          \
 	X(EBACKEND, -13, "copy backend call failed")                                               \
 	X(ENOSPC, -14, "copy engine pool or queue full")                                           \
@@ -297,7 +297,8 @@ typedef struct kiln_acct {
  * counter. Not thread-safe against other accounting calls. */
 int kiln_rt_acct_reset(kiln_rt *rt, int32_t stage, uint64_t limit_bytes);
 /* Records one event for micro-batch mb. Thread-safe and lock-free; refuses
- * (KILN_RT_EACCT, nothing changed) an event that would make a count negative. */
+ * (KILN_RT_EACCT, nothing changed) an event that would make a count negative
+ * or take it past UINT64_MAX. */
 int kiln_rt_acct_record(kiln_rt *rt, uint32_t mb, kiln_acct_event ev, uint64_t bytes);
 /* A consistent-enough snapshot (each counter read atomically). */
 void kiln_rt_acct_get(const kiln_rt *rt, kiln_acct *out);
