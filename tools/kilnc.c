@@ -104,54 +104,58 @@ static const char HELP_REPORT[] =
 	"bytes and microseconds (docs/cli.md).\n";
 
 static const char HELP_COMPILE[] =
-	"usage: kilnc compile MODEL [-o PLAN.kiln] [--solver dp|milp] [--json]\n"
-	"                     [--dump-after=PASS] [--emit-mlir F] [--emit-trace F] [--emit-svg F]\n"
-	"\n"
-	"Plans activation memory for MODEL. For every pipeline stage and layer kind:\n"
-	"the saved activations (units), and for each load bucket from 0 to\n"
-	"load.max_factor the Pareto frontier of bytes saved against exposed time, each\n"
-	"point one keep / recompute / offload action per unit. Then per stage the\n"
-	"steady-state plan, the budget of a micro-batch deciding after its MoE gate,\n"
-	"and the safety bound: the largest load factor at which the maximal-saving plan\n"
-	"still fits. Baselines (full recompute, Megatron selective, static aggressive,\n"
-	"AdaPipe) are planned too, and each plan's forward and backward chunks are\n"
-	"interleaved into a schedule template.\n"
-	"\n"
-	"  -o PLAN.kiln    write the plan blob the runtime loads (docs/blob-format.md);\n"
-	"                  it is opened with the runtime's own validator before it is\n"
-	"                  written\n"
-	"  --solver dp     dynamic programming over quantised bytes (default)\n"
-	"  --solver milp   an exact MILP (GLPK) for every frontier point; slower\n"
-	"  --json          the plan tables as one JSON document (docs/cli.md)\n"
-	"  --dump-after=P  print the compiler state after pass P\n"
-	"  --emit-mlir F   the graph, units, plan tables, plans and schedules as MLIR\n"
-	"                  (unregistered kiln dialect, docs/mlir-dialect.md); open it\n"
-	"                  with mlir-opt-16 --allow-unregistered-dialect F, redraw it\n"
-	"                  with kilnc viz\n"
-	"  --emit-trace F  the stage timelines as Chrome trace JSON (Perfetto)\n"
-	"  --emit-svg F    the stage timelines as an SVG\n"
-	"\n"
-	"Each view goes to a temporary file beside F, renamed into place when\n"
-	"complete: F is either whole or untouched, and so is PLAN.kiln. Views are\n"
-	"written on exit 3 too; the blob is not (a plan that cannot take the\n"
-	"load it promises must not reach a trainer).\n"
-	"Exit status 3, with each stage and its largest feasible load factor on\n"
-	"stderr, when load.max_factor does not fit on some stage.\n"
-	"Progress goes to stderr when stderr is a terminal.\n";
+    "usage: kilnc compile MODEL [-o PLAN.kiln] [--solver dp|milp] [--json]\n"
+    "                     [--dump-after=PASS] [--emit-mlir F] [--emit-trace F] [--emit-svg F]\n"
+    "\n"
+    "Plans activation memory for MODEL. For every pipeline stage and layer kind:\n"
+    "the saved activations (units), and for each load bucket from 0 to\n"
+    "load.max_factor the Pareto frontier of bytes saved against exposed time, each\n"
+    "point one keep / recompute / offload action per unit. Then per stage the\n"
+    "steady-state plan, the budget of a micro-batch deciding after its MoE gate,\n"
+    "and the safety bound: the largest load factor at which the maximal-saving plan\n"
+    "still fits. Baselines (full recompute, Megatron selective, static aggressive,\n"
+    "AdaPipe) are planned too, and each plan's forward and backward chunks are\n"
+    "interleaved into a schedule template.\n"
+    "\n"
+    "  -o PLAN.kiln    write the plan blob the runtime loads (docs/blob-format.md);\n"
+    "                  it is opened with the runtime's own validator before it is\n"
+    "                  written\n"
+    "  --solver dp     dynamic programming over quantised bytes (default)\n"
+    "  --solver milp   an exact MILP (GLPK) for every frontier point; slower\n"
+    "  --json          the plan tables as one JSON document (docs/cli.md)\n"
+    "  --dump-after=P  print the compiler state after pass P\n"
+    "  --emit-mlir F   the graph, units, plan tables, plans and schedules as MLIR\n"
+    "                  (unregistered kiln dialect, docs/mlir-dialect.md); open it\n"
+    "                  with mlir-opt-16 --allow-unregistered-dialect F, redraw it\n"
+    "                  with kilnc viz\n"
+    "  --emit-trace F  the stage timelines as Chrome trace JSON (Perfetto)\n"
+    "  --emit-svg F    the stage timelines as an SVG\n"
+    "\n"
+    "Outputs follow kiln's output rule (docs/cli.md, \"Output files\"): one that\n"
+    "names MODEL, its hardware profile or another output is refused (exit 2);\n"
+    "each goes to a temporary file beside it, renamed into place once every\n"
+    "output is complete: F is either whole or untouched, and so is PLAN.kiln;\n"
+    "devices and FIFOs are written in place. Views are written on exit 3 too;\n"
+    "the blob is not (a plan that cannot take the load it promises must not\n"
+    "reach a trainer).\n"
+    "Exit status 3, with each stage and its largest feasible load factor on\n"
+    "stderr, when load.max_factor does not fit on some stage.\n"
+    "Progress goes to stderr when stderr is a terminal.\n";
 
 static const char HELP_VIZ[] =
-	"usage: kilnc viz PLAN.mlir -o OUT.svg|OUT.json\n"
-	"\n"
-	"Reads the schedules (templates and stage timelines) back from the MLIR of\n"
-	"`kilnc compile MODEL --emit-mlir PLAN.mlir` and draws them: OUT.svg as an SVG\n"
-	"timeline, OUT.json as Chrome trace JSON, the same bytes --emit-svg and\n"
-	"--emit-trace write. OUT goes to a temporary file beside it, renamed into\n"
-	"place when complete. A plan blob (PLAN.kiln) cannot be drawn: it keeps each\n"
-	"template's task order for the runtime, not the predicted times.\n"
-	"\n"
-	"Exit status 1 when PLAN is not a regular file, is over 1 GiB or is not\n"
-	"kiln's MLIR (each problem on stderr as PLAN:LINE:COL: error: MESSAGE);\n"
-	"2 on a usage error (no -o, an extension other than .svg or .json).\n";
+    "usage: kilnc viz PLAN.mlir -o OUT.svg|OUT.json\n"
+    "\n"
+    "Reads the schedules (templates and stage timelines) back from the MLIR of\n"
+    "`kilnc compile MODEL --emit-mlir PLAN.mlir` and draws them: OUT.svg as an SVG\n"
+    "timeline, OUT.json as Chrome trace JSON, the same bytes --emit-svg and\n"
+    "--emit-trace write. OUT follows kiln's output rule (docs/cli.md, \"Output\n"
+    "files\"): it may not be PLAN; a temporary file beside it is renamed into\n"
+    "place when complete. A plan blob (PLAN.kiln) cannot be drawn: it keeps each\n"
+    "template's task order for the runtime, not the predicted times.\n"
+    "\n"
+    "Exit status 1 when PLAN is not a regular file, is over 1 GiB or is not\n"
+    "kiln's MLIR (each problem on stderr as PLAN:LINE:COL: error: MESSAGE);\n"
+    "2 on a usage error (no -o, an extension other than .svg or .json).\n";
 
 static void usage_error(const char *fmt, const char *arg)
 {
@@ -362,11 +366,19 @@ static int write_json_stdout(const kiln_json *doc, int rc)
 	return rc;
 }
 
-void kilnc_model_inputs(const char *path, const kiln_model *m, kiln_out_name *out)
+int kilnc_check_outputs(const kiln_out_name *in, size_t n_in, const kiln_model *m,
+                        const kiln_out_name *out, size_t n_out)
 {
-	out[0] = (kiln_out_name){"MODEL", path};
-	out[1] = (kiln_out_name){"the hardware profile",
-	                         m && m->hw.source && m->hw.source[0] != '<' ? m->hw.source : NULL};
+	kiln_out_name all[8];
+	if (n_in >= sizeof all / sizeof *all)
+		return EXIT_USAGE; /* not reached: commands have a few inputs */
+	for (size_t i = 0; i < n_in; i++)
+		all[i] = in[i];
+	/* A shipped or inline profile has no file ("<shipped:NAME>", the model). */
+	all[n_in++] =
+	    (kiln_out_name){"the hardware profile",
+	                    m && m->hw.source && m->hw.source[0] != '<' ? m->hw.source : NULL};
+	return kiln_out_check("kilnc", all, n_in, out, n_out, stderr) == 0 ? EXIT_OK : EXIT_USAGE;
 }
 
 static int cmd_check(int argc, char **argv)
@@ -749,6 +761,13 @@ static int cmd_compile(int argc, char **argv)
 	int rc = parse_args("compile", argc, argv, true, true, &o);
 	if (rc || o.help)
 		return rc ? rc : print_help("compile");
+	const kiln_out_name model = {"MODEL", o.model};
+	const kiln_out_name out[] = {{"-o", o.blob},
+	                             {"--emit-mlir", o.emit_mlir},
+	                             {"--emit-trace", o.emit_trace},
+	                             {"--emit-svg", o.emit_svg}};
+	if (kilnc_check_outputs(&model, 1, NULL, out, 4) != EXIT_OK)
+		return EXIT_USAGE;
 	kiln_arena *a = kiln_arena_new();
 	kiln_model *m = NULL;
 	if (!a) {
@@ -762,13 +781,8 @@ static int cmd_compile(int argc, char **argv)
 		kiln_arena_free(a);
 		return EXIT_INPUT;
 	}
-	kiln_out_name in[2];
-	kilnc_model_inputs(o.model, m, in);
-	const kiln_out_name out[] = {{"-o", o.blob},
-	                             {"--emit-mlir", o.emit_mlir},
-	                             {"--emit-trace", o.emit_trace},
-	                             {"--emit-svg", o.emit_svg}};
-	if (kiln_out_check("kilnc", in, 2, out, 4, stderr) != 0) {
+	/* The hardware profile is known now; the rest was checked before. */
+	if (kilnc_check_outputs(NULL, 0, m, out, 4) != EXIT_OK) {
 		kiln_arena_free(a);
 		return EXIT_USAGE;
 	}

@@ -18,42 +18,46 @@
 #include "tools/tools.h"
 
 static const char HELP_SIMULATE[] =
-	"usage: kilnc simulate MODEL --policy P[,P...] [--plan PLAN.kiln] [--iters N]\n"
-	"                      [--seed S] [--loads PROFILE|FILE.csv] [--exact] [--groups G]\n"
-	"                      [--restart-s SECONDS] [--checkpoint-every N] [--json]\n"
-	"                      [--emit-trace F] [--emit-loads F]\n"
-	"\n"
-	"Replays iterations of MODEL's training through memory policies, side by side\n"
-	"on the same loads: per iteration and EP group the load of every rank for\n"
-	"every micro-batch and MoE layer, each layer's decision with the memory\n"
-	"really free, the pipeline's timing, out-of-memory failures (a restart plus\n"
-	"the progress since the last checkpoint). docs/simulator.md.\n"
-	"\n"
-	"  --policy P,...   unbounded, full-recompute, megatron-selective,\n"
-	"                   static-aggressive, adapipe, mindspeed-threshold, kiln,\n"
-	"                   kiln:no-offload, kiln:no-adaptive, kiln:no-overlap,\n"
-	"                   kiln:no-adaptive+no-overlap, or all\n"
-	"  --plan F         the blob kiln decides with (default: compiled now); it\n"
-	"                   must have been compiled from MODEL (same model hash)\n"
-	"  --iters N        iterations (default 100)\n"
-	"  --seed S         load seed (default 1)\n"
-	"  --loads L        paper (default), balanced, hot-expert, hot-rank, rotating,\n"
-	"                   burst, zipf:ALPHA, or a CSV trace\n"
-	"  --exact          follow every EP rank (default: the statistical method of\n"
-	"                   docs/simulator.md, \"Scale\")\n"
-	"  --groups G       simulate G of the EP groups (default all)\n"
-	"  --restart-s X    cost of one restart after an out-of-memory failure (284)\n"
-	"  --checkpoint-every N  iterations between checkpoints (100)\n"
-	"  --json           one JSON document (docs/cli.md)\n"
-	"  --emit-trace F   the last iteration's pipeline schedule of every policy as\n"
-	"                   Chrome trace JSON (Perfetto): a process per policy, a\n"
-	"                   thread per stage; written whole or not at all\n"
-	"  --emit-loads F   the sampled loads of EP group 0 as a CSV trace\n"
-	"                   (iteration,microbatch,layer,rank,factor), what --loads\n"
-	"                   and examples/trainer replay; without --policy, only that\n"
-	"\n"
-	"Exit status 1 for a bad model, blob or trace, 2 for bad arguments.\n"
-	"Progress goes to stderr when stderr is a terminal.\n";
+    "usage: kilnc simulate MODEL --policy P[,P...] [--plan PLAN.kiln] [--iters N]\n"
+    "                      [--seed S] [--loads PROFILE|FILE.csv] [--exact] [--groups G]\n"
+    "                      [--restart-s SECONDS] [--checkpoint-every N] [--json]\n"
+    "                      [--emit-trace F] [--emit-loads F]\n"
+    "\n"
+    "Replays iterations of MODEL's training through memory policies, side by side\n"
+    "on the same loads: per iteration and EP group the load of every rank for\n"
+    "every micro-batch and MoE layer, each layer's decision with the memory\n"
+    "really free, the pipeline's timing, out-of-memory failures (a restart plus\n"
+    "the progress since the last checkpoint). docs/simulator.md.\n"
+    "\n"
+    "  --policy P,...   unbounded, full-recompute, megatron-selective,\n"
+    "                   static-aggressive, adapipe, mindspeed-threshold, kiln,\n"
+    "                   kiln:no-offload, kiln:no-adaptive, kiln:no-overlap,\n"
+    "                   kiln:no-adaptive+no-overlap, or all\n"
+    "  --plan F         the blob kiln decides with (default: compiled now); it\n"
+    "                   must have been compiled from MODEL (same model hash)\n"
+    "  --iters N        iterations (default 100)\n"
+    "  --seed S         load seed (default 1)\n"
+    "  --loads L        paper (default), balanced, hot-expert, hot-rank, rotating,\n"
+    "                   burst, zipf:ALPHA, or a CSV trace\n"
+    "  --exact          follow every EP rank (default: the statistical method of\n"
+    "                   docs/simulator.md, \"Scale\")\n"
+    "  --groups G       simulate G of the EP groups (default all)\n"
+    "  --restart-s X    cost of one restart after an out-of-memory failure (284)\n"
+    "  --checkpoint-every N  iterations between checkpoints (100)\n"
+    "  --json           one JSON document (docs/cli.md)\n"
+    "  --emit-trace F   the last iteration's pipeline schedule of every policy as\n"
+    "                   Chrome trace JSON (Perfetto): a process per policy, a\n"
+    "                   thread per stage\n"
+    "  --emit-loads F   the sampled loads of EP group 0 as a CSV trace\n"
+    "                   (iteration,microbatch,layer,rank,factor), what --loads\n"
+    "                   and examples/trainer replay; without --policy, only that\n"
+    "\n"
+    "Both outputs follow kiln's output rule (docs/cli.md, \"Output files\"):\n"
+    "whole or untouched; refused (exit 2) when one names MODEL, its hardware\n"
+    "profile, --plan, the --loads trace or the other output; devices and FIFOs\n"
+    "are written in place.\n"
+    "Exit status 1 for a bad model, blob or trace, 2 for bad arguments.\n"
+    "Progress goes to stderr when stderr is a terminal.\n";
 
 int kilnc_help_simulate(void)
 {
@@ -260,6 +264,15 @@ int kilnc_simulate(int argc, char **argv)
 			return usage("--restart-s: not a number of seconds: '%s'", restart);
 	}
 
+	/* The output rule; a --loads that names no file is a profile (paper). */
+	struct stat st;
+	const kiln_out_name in[] = {{"MODEL", model},
+	                            {"--plan", plan},
+	                            {"--loads", loads && stat(loads, &st) == 0 ? loads : NULL}};
+	const kiln_out_name outs[] = {{"--emit-trace", trace}, {"--emit-loads", emit_loads}};
+	if (kilnc_check_outputs(in, 3, NULL, outs, 2) != KILNC_EXIT_OK)
+		return KILNC_EXIT_USAGE;
+
 	int rc = KILNC_EXIT_INPUT;
 	kiln_arena *a = kiln_arena_new(), *a2 = kiln_arena_new();
 	kiln_model *m = NULL;
@@ -274,20 +287,9 @@ int kilnc_simulate(int argc, char **argv)
 	}
 	if (kiln_frontend_load_file(model, a, stderr, &m) != KILN_FRONTEND_OK)
 		goto out;
-	{
-		/* A --loads that names no file is a profile (paper, zipf:1.2). */
-		struct stat st;
-		kiln_out_name in[4] = {{"--plan", plan}, {"--loads", NULL}};
-		if (loads && stat(loads, &st) == 0)
-			in[1].path = loads;
-		kilnc_model_inputs(model, m, &in[2]);
-		const kiln_out_name outs[] = {{"--emit-trace", trace},
-		                              {"--emit-loads", emit_loads}};
-		if (kiln_out_check("kilnc", in, 4, outs, 2, stderr) != 0) {
-			rc = KILNC_EXIT_USAGE;
-			goto out;
-		}
-	}
+	if ((rc = kilnc_check_outputs(NULL, 0, m, outs, 2)) != KILNC_EXIT_OK)
+		goto out;
+	rc = KILNC_EXIT_INPUT;
 	if (kiln_load_parse(loads ? loads : "paper", m->max_factor, a, stderr, &prof) != 0)
 		goto out;
 	if ((rc = compile_model(m, false, a, &c, &blob, &rt)) != 0)

@@ -13,11 +13,15 @@ enum { KILNC_EXIT_OK = 0, KILNC_EXIT_INPUT = 1, KILNC_EXIT_USAGE = 2, KILNC_EXIT
  * was given before. */
 int kilnc_option_value(const char *name, int argc, char **argv, int *i, const char **out);
 
-/* kilnc.c: the files the description at path (loaded into m) reads, for
- * the output rule (tools/output.h): out[0] itself, out[1] its hardware
- * profile when it names one by path (else a NULL path). */
+/* kilnc.c: the output rule's check (tools/output.h) of a command's outputs
+ * against its inputs and, once the description is loaded (m not NULL), the
+ * hardware profile it names by path. Returns 0, or KILNC_EXIT_USAGE after
+ * reporting. Commands call it before the description is read, so that
+ * naming the model as an output is refused whether or not it loads, and
+ * again with m. */
 struct kiln_model;
-void kilnc_model_inputs(const char *path, const struct kiln_model *m, kiln_out_name *out);
+int kilnc_check_outputs(const kiln_out_name *in, size_t n_in, const struct kiln_model *m,
+                        const kiln_out_name *out, size_t n_out);
 
 /* blobcmd.c: `kilnc inspect` and `kilnc select` (arguments after the command
  * name); each returns the exit status. */
