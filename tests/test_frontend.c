@@ -1480,3 +1480,53 @@ Test(frontend_rules, escapes_that_make_control_characters_are_refused)
 	                                    "name: \"caf\\u00e9 \xe2\x9c\x93\"\n");
 	cr_expect_str_eq(m->name, "caf\xc3\xa9 \xe2\x9c\x93");
 }
+
+/* The limit on layers is the code's KILN_FRONTEND_MAX_LAYERS, and
+ * docs/model-format.md states that number wherever it states the limit
+ * (its key table and its rule table once disagreed: 4096 and 100000). */
+Test(frontend_rules, layer_limit_is_the_one_the_docs_state)
+{
+	char path[4096];
+	snprintf(path, sizeof path, "%s/docs/model-format.md", KILN_SOURCE_DIR);
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f);
+	static char doc[1 << 20];
+	size_t n = fread(doc, 1, sizeof doc - 1, f);
+	fclose(f);
+	doc[n] = '\0';
+	/* Every line that states the limit (the key table names the constant,
+	 * the rule table starts "| `layers` <="): each number it gives after
+	 * "at most ", "<= " or "limit of " is the code's. */
+	int found = 0;
+	for (char *line = doc; line && *line;) {
+		char *nl = strchr(line, '\n');
+		if (nl)
+			*nl = '\0';
+		if (strstr(line, "KILN_FRONTEND_MAX_LAYERS") ||
+		    strncmp(line, "| `layers` <=", 13) == 0) {
+			found++;
+			const char *before[] = {"at most ", "<= ", "limit of "};
+			for (int k = 0; k < 3; k++)
+				for (const char *p = strstr(line, before[k]); p;
+				     p = strstr(p + 1, before[k])) {
+					long v = 0;
+					for (const char *d = p + strlen(before[k]);
+					     *d >= '0' && *d <= '9'; d++)
+						v = v * 10 + (*d - '0');
+					cr_expect_eq(v, KILN_FRONTEND_MAX_LAYERS,
+					             "model-format.md states %ld, the code %d: %s",
+					             v, KILN_FRONTEND_MAX_LAYERS, line);
+				}
+		}
+		line = nl ? nl + 1 : NULL;
+	}
+	cr_assert_geq(found, 2, "the key table and the rule table state the limit");
+	/* And the code's message is the one the rule table gives: 4096 + 1 layers. */
+	expect_invalid("kiln: 1\n"
+	               "model:\n"
+	               "  layers: 4097\n",
+	               "m.yaml:3:11: error: layers (4097) exceeds the limit of 4096");
+	kiln_model *m = NULL;
+	load("kiln: 1\nmodel:\n  layers: 4096\n", &m);
+	cr_expect_null(strstr(diag_text, "exceeds the limit"), "%s", diag_text);
+}
