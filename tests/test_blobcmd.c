@@ -9,8 +9,10 @@
 #include <unistd.h>
 
 #include "codegen/codegen.h"
+#include "kiln/blob.h"
 #include "kiln/runtime.h"
 #include "kiln_test.h"
+#include "runtime/internal.h"
 
 static char *read_all(const char *path, size_t *out_len)
 {
@@ -302,4 +304,188 @@ Test(blobcmd, select_usage_errors_exit_2)
 	kt_run_free(&r);
 	unlink(p);
 	free(p);
+}
+
+/* --free of KILN_RT_FREE_FROM_ACCOUNTING (2^64 - 1) says what that value
+ * means and why the command line refuses it. */
+Test(blobcmd, free_of_the_accounting_sentinel_is_explained)
+{
+	char *p = compile_tiny();
+	const char *frees[] = {"18446744073709551615", "18446744073709551615B"};
+	for (int k = 0; k < 2; k++) {
+		kt_run r =
+		    kt_kilnc((const char *const[]){"select", p, "--stage", "0", "--layer", "1",
+		                                   "--rows", "1", "--free", frees[k], NULL},
+		             NULL);
+		cr_assert_eq(r.status, 2, "%s", r.err);
+		cr_assert_not_null(strstr(r.err, "--free: 18446744073709551615 is "
+		                                 "KILN_RT_FREE_FROM_ACCOUNTING"),
+		                   "%s", r.err);
+		cr_assert_not_null(strstr(r.err, "at most 18446744073709551614"), "%s", r.err);
+		cr_assert_eq(r.out_len, 0);
+		kt_run_free(&r);
+	}
+	/* One byte less is a byte count like any other. */
+	kt_run r =
+	    kt_kilnc((const char *const[]){"select", p, "--stage", "0", "--layer", "1", "--rows",
+	                                   "1", "--free", "18446744073709551614", NULL},
+	             NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	/* Past 2^64 - 1 (2^34 G = 2^64 bytes): the range. */
+	r = kt_kilnc((const char *const[]){"select", p, "--stage", "0", "--layer", "1", "--rows",
+	                                   "1", "--free", "17179869184G", NULL},
+	             NULL);
+	cr_assert_eq(r.status, 2, "%s", r.err);
+	cr_assert_not_null(strstr(r.err, "--free: must be a byte count from 0 to "
+	                                 "18446744073709551615"),
+	                   "%s", r.err);
+	kt_run_free(&r);
+	unlink(p);
+	free(p);
+}
+
+/* A plan file that cannot be read is "kilnc: error: PLAN: REASON" from
+ * every command that reads one (docs/cli.md, exit status 1). */
+Test(blobcmd, unreadable_plans_use_the_plan_reason_form)
+{
+	const char *missing = "/nonexistent/kiln/plan.kiln";
+	const char *model = kt_src("examples/models/tiny.yaml");
+	const char *const *cmds[] = {
+	    (const char *const[]){"inspect", missing, NULL},
+	    (const char *const[]){"inspect", missing, "--json", NULL},
+	    (const char *const[]){"select", missing, "--stage", "0", "--layer", "1", "--rows", "1",
+	                          "--free", "1G", NULL},
+	    (const char *const[]){"simulate", model, "--policy", "kiln", "--iters", "1", "--plan",
+	                          missing, NULL},
+	};
+	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+		kt_run r = kt_kilnc(cmds[i], NULL);
+		cr_assert_eq(r.status, 1, "%s: %s", cmds[i][0], r.err);
+		cr_assert_str_eq(
+		    r.err,
+		    "kilnc: error: /nonexistent/kiln/plan.kiln: cannot open: No such file "
+		    "or directory\n",
+		    "%s", cmds[i][0]);
+		cr_assert_eq(r.out_len, 0);
+		kt_run_free(&r);
+	}
+	/* A directory: the same form. */
+	kt_run r = kt_kilnc((const char *const[]){"inspect", "/tmp", NULL}, NULL);
+	cr_assert_str_eq(r.err, "kilnc: error: /tmp: not a regular file\n");
+	kt_run_free(&r);
+}
+
+static void fix_crc(unsigned char *b, size_t len)
+{
+	const size_t at = offsetof(kiln_blob_header, crc32c);
+	uint32_t crc = kiln_rti_crc32c(0, b, at);
+	crc = kiln_rti_crc32c(crc, b + at + 4, len - at - 4);
+	memcpy(b + at, &crc, 4);
+}
+
+/* A blob of another format version names its version and the ones this
+ * kilnc reads (1.0, blob-format.md "Versions"). */
+Test(blobcmd, unsupported_version_names_both_versions)
+{
+	char *p = compile_tiny();
+	size_t len;
+	char *bytes = read_all(p, &len);
+	struct {
+		uint16_t major, minor;
+		const char *want;
+	} cases[] = {{2, 0, "unsupported blob version 2.0; this kilnc reads 1.0"},
+	             {1, 3, "unsupported blob version 1.3; this kilnc reads 1.0"},
+	             {0, 9, "unsupported blob version 0.9; this kilnc reads 1.0"}};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		memcpy(bytes + offsetof(kiln_blob_header, major), &cases[i].major, 2);
+		memcpy(bytes + offsetof(kiln_blob_header, minor), &cases[i].minor, 2);
+		fix_crc((unsigned char *)bytes, len);
+		char *bad = kt_temp_file(".kiln", bytes, len);
+		const char *const *cmds[] = {
+		    (const char *const[]){"inspect", bad, NULL},
+		    (const char *const[]){"select", bad, "--stage", "0", "--layer", "1", "--rows",
+		                          "1", "--free", "1G", NULL},
+		    (const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+		                          "--policy", "kiln", "--iters", "1", "--plan", bad, NULL},
+		};
+		for (size_t k = 0; k < 3; k++) {
+			kt_run r = kt_kilnc(cmds[k], NULL);
+			cr_assert_eq(r.status, 1, "%s", r.err);
+			char want[512];
+			snprintf(want, sizeof want, "kilnc: error: %s: %s", bad, cases[i].want);
+			cr_assert(strncmp(r.err, want, strlen(want)) == 0, "%s: %s", cmds[k][0],
+			          r.err);
+			kt_run_free(&r);
+		}
+		unlink(bad);
+		free(bad);
+	}
+	unlink(p);
+	free(p);
+	free(bytes);
+}
+
+/* Replaces the NUL-terminated string from with to (same length) wherever
+ * it stands whole in b's STRINGS, then fixes the CRC: a blob whose names
+ * the runtime accepts (it checks offsets, not contents). */
+static void replace_string(char *b, size_t len, const char *from, const char *to)
+{
+	size_t n = strlen(from) + 1;
+	cr_assert_eq(strlen(to), strlen(from));
+	int found = 0;
+	for (size_t i = 1; i + n <= len; i++)
+		if (b[i - 1] == '\0' && memcmp(b + i, from, n) == 0) {
+			memcpy(b + i, to, n - 1);
+			found++;
+		}
+	cr_assert_eq(found, 1, "'%s' found %d times", from, found);
+	fix_crc((unsigned char *)b, len);
+}
+
+/* Names in a blob are untrusted: inspect and select print them escaped. */
+Test(blobcmd, names_from_the_blob_are_escaped)
+{
+	char *p = compile_tiny();
+	size_t len;
+	char *bytes = read_all(p, &len);
+	/* ESC ] 0 ; (retitle the terminal) as the model's name; ESC [ 2 J
+	 * (clear the screen) and a C1 CSI (U+009B, C2 9B) in unit names. */
+	replace_string(bytes, len, "tiny", "\x1b]0;");
+	replace_string(bytes, len, "moe.probs", "\x1b[2J.prob");
+	replace_string(bytes, len, "moe.expert_up",
+	               "\xc2\x9b"
+	               "2J.expert_u");
+	char *bad = kt_temp_file(".kiln", bytes, len);
+	kt_run r = kt_kilnc((const char *const[]){"inspect", bad, NULL}, NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "model \\x1b]0; (hash "), "%.400s", r.out);
+	cr_assert_not_null(strstr(r.out, "\\x1b[2J.prob"), "%s", r.out);
+	cr_assert_not_null(strstr(r.out, "\\xc2\\x9b2J.expert_u"), "%s", r.out);
+	cr_assert_null(memchr(r.out, 0x1b, r.out_len), "a raw ESC on stdout");
+	cr_assert_null(strstr(r.out, "\xc2\x9b"), "a raw CSI on stdout");
+	kt_run_free(&r);
+	r = kt_kilnc((const char *const[]){"inspect", bad, "--templates", NULL}, NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_null(memchr(r.out, 0x1b, r.out_len), "a raw ESC on stdout");
+	kt_run_free(&r);
+	r = kt_kilnc((const char *const[]){"select", bad, "--stage", "0", "--layer", "1",
+	                                   "--load-factor", "1", "--free", "1G", NULL},
+	             NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "\\x1b[2J.prob"), "%s", r.out);
+	cr_assert_null(memchr(r.out, 0x1b, r.out_len), "a raw ESC on stdout");
+	kt_run_free(&r);
+	/* An error naming the model escapes it too. */
+	r = kt_kilnc((const char *const[]){"select", bad, "--stage", "0", "--layer", "99", "--rows",
+	                                   "1", "--free", "1G", NULL},
+	             NULL);
+	cr_assert_eq(r.status, 2, "%s", r.err);
+	cr_assert_not_null(strstr(r.err, "not a planned layer of \\x1b]0;"), "%s", r.err);
+	kt_run_free(&r);
+	unlink(bad);
+	free(bad);
+	unlink(p);
+	free(p);
+	free(bytes);
 }
