@@ -1,6 +1,7 @@
 /* tests/test_blobcmd.c: `kilnc compile -o`, `kilnc inspect` and `kilnc
  * select` (tools/blobcmd.c, tools/kilnc.c), run as a user would. */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -488,4 +489,79 @@ Test(blobcmd, names_from_the_blob_are_escaped)
 	unlink(p);
 	free(p);
 	free(bytes);
+}
+
+/* n with a comma every three digits, as the docs write figures. */
+static const char *commas(uint64_t n, char *buf, size_t cap)
+{
+	char digits[32];
+	int len = snprintf(digits, sizeof digits, "%llu", (unsigned long long)n);
+	size_t o = 0;
+	for (int i = 0; i < len && o + 2 < cap; i++) {
+		if (i > 0 && (len - i) % 3 == 0)
+			buf[o++] = ',';
+		buf[o++] = digits[i];
+	}
+	buf[o] = '\0';
+	return buf;
+}
+
+/* docs/blob-format.md quotes tiny's blob: its first 64 bytes, their
+ * file_bytes and CRC, and a row of "Measured sizes". Every figure is
+ * checked against the blob compiled now, so the docs cannot go stale
+ * unnoticed (they had: 150,976 bytes quoted for a 135,936-byte blob). */
+Test(blobcmd, tiny_figures_in_blob_format_md_are_current)
+{
+	char *p = compile_tiny();
+	size_t len;
+	char *bytes = read_all(p, &len);
+	kiln_rt *rt = NULL;
+	cr_assert_eq(kiln_rt_open_file(p, &rt), 0);
+	char path[4096];
+	snprintf(path, sizeof path, "%s", kt_src("docs/blob-format.md"));
+	size_t doc_len;
+	char *doc = read_all(path, &doc_len);
+	cr_assert_not_null(doc);
+	/* The hex dump, as xxd prints it: 16 bytes a line, in pairs. */
+	const unsigned char *u = (const unsigned char *)bytes;
+	for (int line = 0; line < 4; line++) {
+		char want[128];
+		int o = snprintf(want, sizeof want, "%08x:", line * 16);
+		for (int i = 0; i < 16; i += 2)
+			o += snprintf(want + o, sizeof want - (size_t)o, " %02x%02x",
+			              u[line * 16 + i], u[line * 16 + i + 1]);
+		cr_expect_not_null(strstr(doc, want), "blob-format.md lacks the dump line \"%s\"",
+		                   want);
+	}
+	kiln_blob_header h;
+	memcpy(&h, bytes, sizeof h);
+	char a[32], want[256];
+	snprintf(want, sizeof want,
+	         "(`file_bytes` = 0x%" PRIX64 " = %s; 15 sections; CRC32C 0x%08X.)", h.file_bytes,
+	         commas(h.file_bytes, a, sizeof a), (unsigned)h.crc32c);
+	cr_expect_not_null(strstr(doc, want), "blob-format.md lacks \"%s\"", want);
+	/* The row: stages, planned layers, sets, buckets, points stored, plans,
+	 * templates, bytes, KiB. */
+	kiln_rt_info info;
+	kiln_rt_info_get(rt, &info);
+	uint64_t count[KILN_SEC_COUNT];
+	for (int i = 0; i < KILN_SEC_COUNT; i++) {
+		kiln_blob_section s;
+		memcpy(&s, bytes + h.table_offset + (size_t)i * sizeof s, sizeof s);
+		count[s.id] = s.count;
+	}
+	char b[32], c[32], d[32], e[32];
+	snprintf(want, sizeof want,
+	         "| `tiny` | %d | %d | %llu | %d | %s | %s | %s | %s | %.1f KiB |", info.n_stages,
+	         info.n_layers, (unsigned long long)count[KILN_SEC_SETS], info.n_buckets,
+	         commas(count[KILN_SEC_POINTS], b, sizeof b),
+	         commas((uint64_t)kiln_rt_plan_count(rt), c, sizeof c),
+	         commas((uint64_t)kiln_rt_template_count(rt), d, sizeof d),
+	         commas(len, e, sizeof e), len / 1024.0);
+	cr_expect_not_null(strstr(doc, want), "blob-format.md lacks the row \"%s\"", want);
+	kiln_rt_close(rt);
+	free(doc);
+	free(bytes);
+	unlink(p);
+	free(p);
 }
