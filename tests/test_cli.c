@@ -791,3 +791,28 @@ Test(cli_text, paths_are_escaped_in_text_outputs)
 	unlink(bad);
 	rmdir(dir);
 }
+
+/* Usage errors quote the argument they refuse, escaped. */
+Test(cli_text, usage_errors_escape_what_they_quote)
+{
+	const char *model = kt_src("examples/models/tiny.yaml");
+	const char *const *cases[] = {
+	    (const char *const[]){"report", model, "--\x1b[2J", NULL},
+	    (const char *const[]){"check", model, "extra\x1b[2J", NULL},
+	    (const char *const[]){"simulate", model, "--policy", "kiln\x1b[2J", NULL},
+	    (const char *const[]){"simulate", model, "--\x1b[2J", NULL},
+	    (const char *const[]){"inspect", "a.kiln", "--\x1b[2J", NULL},
+	    (const char *const[]){"select", "a.kiln", "--\x1b[2J", NULL},
+	    (const char *const[]){"viz", "a.mlir", "--\x1b[2J", NULL},
+	    (const char *const[]){"compile", model, "--solver", "dp\x1b[2J", NULL},
+	    (const char *const[]){"help", "check\x1b[2J", NULL},
+	    (const char *const[]){"\x1b[2J", NULL},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		kt_run r = kt_kilnc(cases[i], NULL);
+		cr_assert_eq(r.status, 2, "case %zu: %s", i, r.err);
+		cr_assert_not_null(strstr(r.err, "\\x1b[2J"), "case %zu: %s", i, r.err);
+		cr_assert_null(memchr(r.err, 0x1b, r.err_len), "case %zu: a raw ESC: %s", i, r.err);
+		kt_run_free(&r);
+	}
+}

@@ -497,6 +497,7 @@ int kilnc_inspect(int argc, char **argv)
 	bool json = false, templates = false;
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
+		char eb[200], eb2[200]; /* arguments, escaped for a message */
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
 			return kilnc_help_blob("inspect"), KILNC_EXIT_OK;
 		int m = kilnc_flag("--json", a, &json);
@@ -507,14 +508,16 @@ int kilnc_inspect(int argc, char **argv)
 		if (m) {
 			/* a flag */
 		} else if (a[0] == '-' && a[1]) {
-			fprintf(stderr, "kilnc: error: unknown option '%s' for 'inspect'\n", a);
+			fprintf(stderr, "kilnc: error: unknown option '%s' for 'inspect'\n",
+			        esc(a, eb, sizeof eb));
 			fprintf(stderr, "Try 'kilnc help inspect'.\n");
 			return KILNC_EXIT_USAGE;
 		} else if (!path) {
 			path = a;
 		} else {
-			fprintf(stderr, "kilnc: error: 'inspect' takes one PLAN, got '%s' and '%s'\n",
-			        path, a);
+			fprintf(stderr,
+			        "kilnc: error: 'inspect' takes one PLAN, got '%s' and '%s'\n",
+			        esc(path, eb, sizeof eb), esc(a, eb2, sizeof eb2));
 			return KILNC_EXIT_USAGE;
 		}
 	}
@@ -596,20 +599,23 @@ int kilnc_select(int argc, char **argv)
 			return m;
 		if (m)
 			continue;
+		char eb[200], eb2[200]; /* arguments, escaped for a message */
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
 			return kilnc_help_blob("select"), KILNC_EXIT_OK;
 		if ((m = kilnc_flag("--json", a, &o.json)) != 0) {
 			if (m == KILNC_EXIT_USAGE)
 				return m;
 		} else if (a[0] == '-' && a[1]) {
-			fprintf(stderr, "kilnc: error: unknown option '%s' for 'select'\n", a);
+			fprintf(stderr, "kilnc: error: unknown option '%s' for 'select'\n",
+			        esc(a, eb, sizeof eb));
 			fprintf(stderr, "Try 'kilnc help select'.\n");
 			return KILNC_EXIT_USAGE;
 		} else if (!o.path) {
 			o.path = a;
 		} else {
-			fprintf(stderr, "kilnc: error: 'select' takes one PLAN, got '%s' and '%s'\n",
-			        o.path, a);
+			fprintf(stderr,
+			        "kilnc: error: 'select' takes one PLAN, got '%s' and '%s'\n",
+			        esc(o.path, eb, sizeof eb), esc(a, eb2, sizeof eb2));
 			return KILNC_EXIT_USAGE;
 		}
 	}

@@ -154,10 +154,18 @@ static const char HELP_VIZ[] =
 	"kiln's MLIR (each problem on stderr as PLAN:LINE:COL: error: MESSAGE);\n"
 	"2 on a usage error (no -o, an extension other than .svg or .json).\n";
 
+/* s escaped for the terminal (kiln_text_escape) into buf of cap bytes. */
+static const char *shown(const char *s, char *buf, size_t cap)
+{
+	return kiln_text_escape(s, strlen(s), cap, buf);
+}
+
+/* "kilnc: error: " fmt, with arg (from the command line) escaped. */
 static void usage_error(const char *fmt, const char *arg)
 {
+	char buf[200];
 	fputs("kilnc: error: ", stderr);
-	fprintf(stderr, fmt, arg);
+	fprintf(stderr, fmt, shown(arg, buf, sizeof buf));
 	fputs("\nTry 'kilnc --help'.\n", stderr);
 }
 
@@ -246,12 +254,6 @@ void kilnc_usage(const char *cmd, const char *fmt, ...)
 	fprintf(stderr, "\nTry 'kilnc help %s'.\n", cmd);
 }
 
-/* v as the message quotes it: escaped, at most about 200 bytes. */
-static const char *shown(const char *v, char *buf, size_t cap)
-{
-	return kiln_text_escape(v, strlen(v), cap, buf);
-}
-
 int kilnc_arg_i64(const char *cmd, const char *opt, const char *v, int64_t lo, int64_t hi,
                   int64_t *out)
 {
@@ -309,6 +311,7 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 	memset(out, 0, sizeof *out);
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
+		char eb[200]; /* a value, escaped for a message */
 		int m = 0;
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
 			out->help = true;
@@ -338,7 +341,8 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 			if (m == 0) {
-				fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n", a, cmd);
+				fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n",
+				        shown(a, eb, sizeof eb), cmd);
 				fprintf(stderr, "Try 'kilnc help %s'.\n", cmd);
 				return EXIT_USAGE;
 			}
@@ -357,18 +361,21 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 			if (m == 0) {
-				fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n", a, cmd);
+				fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n",
+				        shown(a, eb, sizeof eb), cmd);
 				return EXIT_USAGE;
 			}
 		} else if (a[0] == '-' && a[1] != '\0') {
-			fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n", a, cmd);
+			fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n",
+			        shown(a, eb, sizeof eb), cmd);
 			fprintf(stderr, "Try 'kilnc help %s'.\n", cmd);
 			return EXIT_USAGE;
 		} else if (!out->model) {
 			out->model = a;
 		} else {
-			fprintf(stderr, "kilnc: error: '%s' takes one MODEL, got '%s' and '%s'\n", cmd,
-			        out->model, a);
+			char eb2[200];
+			fprintf(stderr, "kilnc: error: '%s' takes one MODEL, got '%s' and '%s'\n",
+			        cmd, shown(out->model, eb, sizeof eb), shown(a, eb2, sizeof eb2));
 			return EXIT_USAGE;
 		}
 	}
@@ -856,6 +863,7 @@ static int cmd_viz(int argc, char **argv)
 	bool help = false;
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
+		char eb[200]; /* a value, escaped for a message */
 		int m;
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
 			help = true;
@@ -873,14 +881,16 @@ static int cmd_viz(int argc, char **argv)
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 		} else if (a[0] == '-' && a[1] != '\0') {
-			fprintf(stderr, "kilnc: error: unknown option '%s' for 'viz'\n", a);
+			fprintf(stderr, "kilnc: error: unknown option '%s' for 'viz'\n",
+			        shown(a, eb, sizeof eb));
 			fprintf(stderr, "Try 'kilnc help viz'.\n");
 			return EXIT_USAGE;
 		} else if (!plan) {
 			plan = a;
 		} else {
-			fprintf(stderr, "kilnc: error: 'viz' takes one PLAN, got '%s' and '%s'\n", plan,
-			        a);
+			char eb2[200];
+			fprintf(stderr, "kilnc: error: 'viz' takes one PLAN, got '%s' and '%s'\n",
+			        shown(plan, eb, sizeof eb), shown(a, eb2, sizeof eb2));
 			return EXIT_USAGE;
 		}
 	}

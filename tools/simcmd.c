@@ -61,10 +61,12 @@ int kilnc_help_simulate(void)
 	return 0;
 }
 
+/* "kilnc: error: " fmt, with arg (from the command line) escaped. */
 static int usage(const char *fmt, const char *arg)
 {
+	char buf[512];
 	fputs("kilnc: error: ", stderr);
-	fprintf(stderr, fmt, arg);
+	fprintf(stderr, fmt, kiln_text_escape(arg, strlen(arg), sizeof buf, buf));
 	fputs("\nTry 'kilnc help simulate'.\n", stderr);
 	return KILNC_EXIT_USAGE;
 }
