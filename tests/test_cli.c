@@ -452,6 +452,13 @@ Test(cli_args, hex_numbers_are_refused_by_every_parser)
 	const char *tiny = kt_src("examples/models/tiny.yaml");
 	char model[4096];
 	snprintf(model, sizeof model, "%s", tiny);
+	/* strtod read these two (as 2 and 8): the hex floats first. */
+	expect_usage((const char *const[]){"select", plan, "--stage", "0", "--layer", "1",
+	                                   "--load-factor", "0x1p1", "--free", "3M", NULL},
+	             "--load-factor: must be a decimal number from 0 to 1000000, got '0x1p1'");
+	expect_usage((const char *const[]){"simulate", model, "--policy", "kiln", "--restart-s",
+	                                   "0x1p3", NULL},
+	             "--restart-s: must be a decimal number from 0 to 1000000000, got '0x1p3'");
 	const char *opts[][2] = {{"--stage", "0"},
 	                         {"--layer", "1"},
 	                         {"--load-factor", "2"},
