@@ -820,6 +820,7 @@ Test(cli_text, usage_errors_escape_what_they_quote)
 		cr_assert_eq(r.status, 2, "case %zu: %s", i, r.err);
 		cr_assert_not_null(strstr(r.err, "\\x1b[2J"), "case %zu: %s", i, r.err);
 		cr_assert_null(memchr(r.err, 0x1b, r.err_len), "case %zu: a raw ESC: %s", i, r.err);
+		cr_assert_null(strstr(r.err, "\\\\x1b"), "case %zu: escaped twice: %s", i, r.err);
 		kt_run_free(&r);
 	}
 }

@@ -327,9 +327,7 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 			if (strcmp(out->solver, "dp") != 0 && strcmp(out->solver, "milp") != 0) {
-				char buf[200];
-				usage_error("--solver must be dp or milp, got '%s'",
-				            shown(out->solver, buf, sizeof buf));
+				usage_error("--solver must be dp or milp, got '%s'", out->solver);
 				return EXIT_USAGE;
 			}
 		} else if (allow_solver && strncmp(a, "--emit-", 7) == 0) {
