@@ -28,6 +28,11 @@ kiln_json *kiln_json_array(void);
 kiln_json *kiln_json_add_object(kiln_json *parent, const char *key);
 kiln_json *kiln_json_add_array(kiln_json *parent, const char *key);
 void kiln_json_add_number(kiln_json *parent, const char *key, double v);
+/* An integer, printed exactly in decimal whatever its size (a double holds
+ * integers exactly only up to 2^53): every integer field of kiln's JSON
+ * (byte counts, rows, counts, indices, seeds) goes through these. */
+void kiln_json_add_u64(kiln_json *parent, const char *key, uint64_t v);
+void kiln_json_add_i64(kiln_json *parent, const char *key, int64_t v);
 void kiln_json_add_string(kiln_json *parent, const char *key, const char *v);
 void kiln_json_add_bool(kiln_json *parent, const char *key, bool v);
 /* Writes the document, pretty-printed, with a trailing newline. Returns 0,

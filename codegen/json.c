@@ -1,5 +1,6 @@
 /* codegen/json.c: the one file that touches cJSON. */
 #include <cjson/cJSON.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,13 @@ kiln_json *kiln_json_add_array(kiln_json *parent, const char *key)
 static cJSON *exact_number(double v)
 {
 	char buf[40];
+	/* An integral value (a byte count the compiler keeps as a double) in
+	 * integer notation, every digit exact: %g would write 1e+15 past 15
+	 * digits. Larger magnitudes keep the exponent. */
+	if (v == floor(v) && fabs(v) < 1e19) {
+		snprintf(buf, sizeof buf, "%.0f", v);
+		return cJSON_CreateRaw(buf);
+	}
 	for (int digits = 15; digits <= 17; digits++) {
 		snprintf(buf, sizeof buf, "%.*g", digits, v);
 		if (strtod(buf, NULL) == v)
@@ -90,6 +98,20 @@ void kiln_json_add_number(kiln_json *parent, const char *key, double v)
 {
 	/* JSON has no NaN or infinity; a non-finite figure becomes null. */
 	attach(parent, key, parent ? (isfinite(v) ? exact_number(v) : cJSON_CreateNull()) : NULL);
+}
+
+void kiln_json_add_u64(kiln_json *parent, const char *key, uint64_t v)
+{
+	char buf[24];
+	snprintf(buf, sizeof buf, "%" PRIu64, v);
+	attach(parent, key, parent ? cJSON_CreateRaw(buf) : NULL);
+}
+
+void kiln_json_add_i64(kiln_json *parent, const char *key, int64_t v)
+{
+	char buf[24];
+	snprintf(buf, sizeof buf, "%" PRId64, v);
+	attach(parent, key, parent ? cJSON_CreateRaw(buf) : NULL);
 }
 
 void kiln_json_add_string(kiln_json *parent, const char *key, const char *v)

@@ -3,6 +3,7 @@
  * docs/cli.md). The runtime's input is the blob (codegen/blob.c).
  */
 #include <math.h>
+#include <string.h>
 
 #include "codegen/codegen.h"
 #include "passes/passes.h"
@@ -36,9 +37,13 @@ int32_t kiln_plans_infeasible_stages(const kiln_compilation *c)
 void kiln_plans_report_infeasible(const kiln_compilation *c, FILE *err)
 {
 	const kiln_model *m = c->model;
-	fprintf(err, "%s: error: load.max_factor %.3g does not fit on %d of %d stages, even with "
-	             "every activation recomputed or offloaded:\n",
-	        m->path, m->max_factor, kiln_plans_infeasible_stages(c), c->graph->n_stages);
+	char pb[4096];
+	const char *path = m->path ? m->path : "-";
+	kiln_text_escape(path, strlen(path), sizeof pb, pb);
+	fprintf(err,
+	        "%s: error: load.max_factor %.3g does not fit on %d of %d stages, even with "
+	        "every activation recomputed or offloaded:\n",
+	        pb, m->max_factor, kiln_plans_infeasible_stages(c), c->graph->n_stages);
 	for (int32_t s = 0; s < c->graph->n_stages; s++) {
 		const kiln_stage_budget *b = &c->budgets[s];
 		if (b->safety_factor >= m->max_factor - 1e-9)
@@ -51,17 +56,21 @@ void kiln_plans_report_infeasible(const kiln_compilation *c, FILE *err)
 			fprintf(err, "  stage %d: largest load factor that fits is %.3g\n", s,
 			        b->safety_factor);
 	}
-	fprintf(err, "%s: note: lower load.max_factor, or add memory per device (more tp or pp, "
-	             "a distributed optimizer, a larger device)\n",
-	        m->path);
+	fprintf(err,
+	        "%s: note: lower load.max_factor, or add memory per device (more tp or pp, "
+	        "a distributed optimizer, a larger device)\n",
+	        pb);
 }
 
 void kiln_plans_text(const kiln_compilation *c, FILE *out)
 {
 	const kiln_model *m = c->model;
-	fprintf(out, "%s: %d unit sets x %d load buckets (0 to %.3g), %d distinct frontiers, %d "
-	             "distinct plans, solver %s\n\n",
-	        m->name, c->n_sets, c->n_buckets, m->max_factor, c->pool->n_frontiers, c->pool->n,
+	char nb[1024]; /* the description's name, escaped for the terminal */
+	fprintf(out,
+	        "%s: %d unit sets x %d load buckets (0 to %.3g), %d distinct frontiers, %d "
+	        "distinct plans, solver %s\n\n",
+	        kiln_text_escape(m->name, strlen(m->name), sizeof nb, nb), c->n_sets, c->n_buckets,
+	        m->max_factor, c->pool->n_frontiers, c->pool->n,
 	        c->solver == KILN_SOLVER_MILP ? "milp" : "dp");
 	/* Small devices read better in MiB, as in the report. */
 	double unit = (m->hw.memory_gib - m->hw.reserved_gib) >= 1.0 ? 1073741824.0 : 1048576.0;
@@ -113,7 +122,7 @@ kiln_json *kiln_plans_json(const kiln_compilation *c)
 {
 	const kiln_model *m = c->model;
 	kiln_json *root = kiln_json_object();
-	kiln_json_add_number(root, "kiln_plan", 1);
+	kiln_json_add_i64(root, "kiln_plan", 1);
 	kiln_json_add_string(root, "model", m->name);
 	kiln_json_add_string(root, "path", m->path);
 	kiln_json_add_string(root, "solver", c->solver == KILN_SOLVER_MILP ? "milp" : "dp");
@@ -126,7 +135,7 @@ kiln_json *kiln_plans_json(const kiln_compilation *c)
 	for (int32_t s = 0; s < c->graph->n_stages; s++) {
 		const kiln_stage_budget *bu = &c->budgets[s];
 		kiln_json *st = kiln_json_add_object(stages, NULL);
-		kiln_json_add_number(st, "stage", s);
+		kiln_json_add_i64(st, "stage", s);
 		kiln_json_add_number(st, "capacity_bytes", bu->capacity_bytes);
 		kiln_json_add_number(st, "static_bytes", bu->static_bytes);
 		kiln_json_add_number(st, "inflight", bu->inflight);
@@ -145,15 +154,15 @@ kiln_json *kiln_plans_json(const kiln_compilation *c)
 				continue;
 			kiln_json *sj = kiln_json_add_object(sets, NULL);
 			kiln_json_add_string(sj, "kind", kiln_ir_layer_kind_name(set->kind));
-			kiln_json_add_number(sj, "layers", set->n_layers);
-			kiln_json_add_number(sj, "steady_point", bu->steady_point[k++]);
+			kiln_json_add_i64(sj, "layers", set->n_layers);
+			kiln_json_add_i64(sj, "steady_point", bu->steady_point[k++]);
 			kiln_json *units = kiln_json_add_array(sj, "units");
 			for (int32_t u = 0; u < set->n_units; u++) {
 				const kiln_unit *un = &set->units[u];
 				kiln_json *uj = kiln_json_add_object(units, NULL);
 				kiln_json_add_string(uj, "name", un->name);
-				kiln_json_add_number(uj, "bytes_base", (double)un->bytes.base);
-				kiln_json_add_number(uj, "bytes_per_n", (double)un->bytes.per_n);
+				kiln_json_add_u64(uj, "bytes_base", un->bytes.base);
+				kiln_json_add_u64(uj, "bytes_per_n", un->bytes.per_n);
 				kiln_json_add_bool(uj, "recomputable",
 				                   !(un->flags & (KILN_UNIT_LAYER_INPUT | KILN_UNIT_COLLECTIVE)));
 			}
@@ -163,9 +172,9 @@ kiln_json *kiln_plans_json(const kiln_compilation *c)
 				kiln_json *tj = kiln_json_add_object(tabs, NULL);
 				kiln_json_add_number(tj, "load_factor", t->load_factor);
 				kiln_json_add_number(tj, "rows", t->n);
-				kiln_json_add_number(tj, "frontier", t->frontier_id);
+				kiln_json_add_i64(tj, "frontier", t->frontier_id);
 				kiln_json *pts = kiln_json_add_array(tj, "points");
-				kiln_json_add_number(tj, "frontier_points", t->frontier->n_points);
+				kiln_json_add_i64(tj, "frontier_points", t->frontier->n_points);
 				for (int32_t p = 0; p < t->n_points; p++) {
 					const kiln_plan_point *pt = &t->frontier->points[t->point[p]];
 					kiln_json *pj = kiln_json_add_object(pts, NULL);
@@ -175,7 +184,7 @@ kiln_json *kiln_plans_json(const kiln_compilation *c)
 					kiln_json_add_number(pj, "transient_bytes", t->bytes[p].transient);
 					kiln_json_add_number(pj, "exposed_us", pt->exposed_us);
 					kiln_json_add_number(pj, "recompute_us", pt->recompute_us);
-					kiln_json_add_number(pj, "plan", t->plan[p]);
+					kiln_json_add_i64(pj, "plan", t->plan[p]);
 				}
 			}
 		}
@@ -199,9 +208,9 @@ kiln_json *kiln_plans_json(const kiln_compilation *c)
 		kiln_json *per = kiln_json_add_array(bj, "plans");
 		for (int32_t i = 0; i < c->n_sets; i++) {
 			kiln_json *e = kiln_json_add_object(per, NULL);
-			kiln_json_add_number(e, "stage", c->sets[i].stage);
+			kiln_json_add_i64(e, "stage", c->sets[i].stage);
 			kiln_json_add_string(e, "kind", kiln_ir_layer_kind_name(c->sets[i].kind));
-			kiln_json_add_number(e, "plan", bl->plan[i]);
+			kiln_json_add_i64(e, "plan", bl->plan[i]);
 		}
 	}
 	return root;

@@ -66,7 +66,11 @@ void kiln_report_check(const kiln_ir_graph *g, FILE *out)
 	fmt_count(total, sizeof total, (double)p.total);
 	fmt_count(active, sizeof active, (double)p.active);
 
-	fprintf(out, "%s: ok (%s)\n", m->name, m->path ? m->path : "-");
+	/* Text from the description and the command line, escaped for the terminal. */
+	char nb[1024], pb[4096];
+	const char *path = m->path ? m->path : "-";
+	fprintf(out, "%s: ok (%s)\n", kiln_text_escape(m->name, strlen(m->name), sizeof nb, nb),
+	        kiln_text_escape(path, strlen(path), sizeof pb, pb));
 	int64_t moe_layers = m->moe ? m->layers - m->dense_layers : 0;
 	fprintf(out, "  model     %lld layers (%lld dense, %lld MoE), hidden %lld, %lld heads",
 	        (long long)m->layers, (long long)(m->layers - moe_layers), (long long)moe_layers,
@@ -109,8 +113,9 @@ void kiln_report_check(const kiln_ir_graph *g, FILE *out)
 	fprintf(out,
 	        "  hardware  %s: %.4g GiB (%.4g reserved), %.4g TFLOP/s x %.2f, HBM %.4g GB/s, "
 	        "host copies %.4g/%.4g GB/s\n",
-	        hw->name, hw->memory_gib, hw->reserved_gib, hw->peak_tflops, hw->gemm_efficiency,
-	        hw->hbm_gbps, hw->h2d_gbps, hw->d2h_gbps);
+	        kiln_text_escape(hw->name, strlen(hw->name), sizeof nb, nb), hw->memory_gib,
+	        hw->reserved_gib, hw->peak_tflops, hw->gemm_efficiency, hw->hbm_gbps, hw->h2d_gbps,
+	        hw->d2h_gbps);
 	if (m->moe)
 		fprintf(out,
 		        "  load      balanced N = %.0f expert rows per device per MoE layer; plans up to "
@@ -124,9 +129,12 @@ void kiln_report_text(const kiln_ir_graph *g, FILE *out)
 {
 	const kiln_model *m = g->model;
 	double rmax = m->max_factor;
-	fprintf(out, "%s on %lld x %s (tp %lld, pp %lld, dp %lld, ep %lld), %s, %lld micro-batches\n\n",
-	        m->name, (long long)m->devices, m->hw.name, (long long)m->tp, (long long)m->pp,
-	        (long long)m->dp, (long long)m->ep, schedule_name(m->schedule),
+	char nb[1024], hb[1024];
+	fprintf(out,
+	        "%s on %lld x %s (tp %lld, pp %lld, dp %lld, ep %lld), %s, %lld micro-batches\n\n",
+	        kiln_text_escape(m->name, strlen(m->name), sizeof nb, nb), (long long)m->devices,
+	        kiln_text_escape(m->hw.name, strlen(m->hw.name), sizeof hb, hb), (long long)m->tp,
+	        (long long)m->pp, (long long)m->dp, (long long)m->ep, schedule_name(m->schedule),
 	        (long long)m->micro_batches);
 	/* Small models read better in MiB. */
 	double unit = (m->hw.memory_gib - m->hw.reserved_gib) >= 1.0 ? GIB : GIB / 1024.0;
@@ -177,30 +185,30 @@ kiln_json *kiln_report_json(const kiln_ir_graph *g)
 {
 	const kiln_model *m = g->model;
 	kiln_json *root = kiln_json_object();
-	kiln_json_add_number(root, "kiln_report", 1);
+	kiln_json_add_i64(root, "kiln_report", 1);
 	kiln_json_add_string(root, "model", m->name);
 	kiln_json_add_string(root, "path", m->path);
 	kiln_json_add_string(root, "hardware", m->hw.name);
-	kiln_json_add_number(root, "layers", (double)m->layers);
+	kiln_json_add_i64(root, "layers", m->layers);
 
 	kiln_json *par = kiln_json_add_object(root, "parallel");
-	kiln_json_add_number(par, "devices", (double)m->devices);
-	kiln_json_add_number(par, "tp", (double)m->tp);
-	kiln_json_add_number(par, "pp", (double)m->pp);
-	kiln_json_add_number(par, "dp", (double)m->dp);
-	kiln_json_add_number(par, "ep", (double)m->ep);
-	kiln_json_add_number(par, "edp", (double)m->edp);
-	kiln_json_add_number(par, "vpp", (double)m->vpp);
+	kiln_json_add_i64(par, "devices", m->devices);
+	kiln_json_add_i64(par, "tp", m->tp);
+	kiln_json_add_i64(par, "pp", m->pp);
+	kiln_json_add_i64(par, "dp", m->dp);
+	kiln_json_add_i64(par, "ep", m->ep);
+	kiln_json_add_i64(par, "edp", m->edp);
+	kiln_json_add_i64(par, "vpp", m->vpp);
 	kiln_json_add_string(par, "schedule", schedule_name(m->schedule));
 	kiln_json_add_bool(par, "sequence_parallel", m->sequence_parallel && m->tp > 1);
-	kiln_json_add_number(par, "micro_batches", (double)m->micro_batches);
+	kiln_json_add_i64(par, "micro_batches", m->micro_batches);
 
 	kiln_cost_params p;
 	kiln_cost_params_count(g, &p);
 	kiln_json *params = kiln_json_add_object(root, "params");
-	kiln_json_add_number(params, "total", (double)p.total);
-	kiln_json_add_number(params, "active", (double)p.active);
-	kiln_json_add_number(params, "expert", (double)p.expert);
+	kiln_json_add_u64(params, "total", p.total);
+	kiln_json_add_u64(params, "active", p.active);
+	kiln_json_add_u64(params, "expert", p.expert);
 
 	kiln_json *load = kiln_json_add_object(root, "load");
 	kiln_json_add_number(load, "max_factor", m->max_factor);
@@ -211,17 +219,17 @@ kiln_json *kiln_report_json(const kiln_ir_graph *g)
 		kiln_cost_stage_summary r;
 		kiln_cost_stage_summarize(g, s, &r);
 		kiln_json *st = kiln_json_add_object(stages, NULL);
-		kiln_json_add_number(st, "stage", s);
-		kiln_json_add_number(st, "layers", r.layers);
-		kiln_json_add_number(st, "moe_layers", r.moe_layers);
+		kiln_json_add_i64(st, "stage", s);
+		kiln_json_add_i64(st, "layers", r.layers);
+		kiln_json_add_i64(st, "moe_layers", r.moe_layers);
 		kiln_json_add_bool(st, "embedding", r.embedding);
 		kiln_json_add_bool(st, "head", r.head);
-		kiln_json_add_number(st, "params", (double)r.st.params);
+		kiln_json_add_u64(st, "params", r.st.params);
 		kiln_json *sb = kiln_json_add_object(st, "static_bytes");
-		kiln_json_add_number(sb, "weights", (double)r.st.weights);
-		kiln_json_add_number(sb, "grads", (double)r.st.grads);
-		kiln_json_add_number(sb, "optimizer", (double)r.st.optimizer);
-		kiln_json_add_number(sb, "total", (double)r.st.total);
+		kiln_json_add_u64(sb, "weights", r.st.weights);
+		kiln_json_add_u64(sb, "grads", r.st.grads);
+		kiln_json_add_u64(sb, "optimizer", r.st.optimizer);
+		kiln_json_add_u64(sb, "total", r.st.total);
 		kiln_json *ab = kiln_json_add_object(st, "activation_bytes");
 		kiln_json_add_number(ab, "r1", r.act_r1_bytes);
 		kiln_json_add_number(ab, "max", r.act_max_bytes);
@@ -244,6 +252,6 @@ kiln_json *kiln_report_json(const kiln_ir_graph *g)
 	kiln_json_add_number(itj, "model_flops", it.model_flops);
 	kiln_json_add_number(itj, "mfu", it.mfu);
 	kiln_json_add_number(itj, "bubble_fraction", it.bubble_fraction);
-	kiln_json_add_number(itj, "slowest_stage", it.slowest_stage);
+	kiln_json_add_i64(itj, "slowest_stage", it.slowest_stage);
 	return root;
 }

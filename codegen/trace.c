@@ -50,8 +50,8 @@ static void add_meta(kiln_json *events, const char *name, int32_t pid, int32_t t
 	kiln_json *e = kiln_json_add_object(events, NULL);
 	kiln_json_add_string(e, "name", name);
 	kiln_json_add_string(e, "ph", "M");
-	kiln_json_add_number(e, "pid", pid);
-	kiln_json_add_number(e, "tid", tid);
+	kiln_json_add_i64(e, "pid", pid);
+	kiln_json_add_i64(e, "tid", tid);
 	kiln_json *args = kiln_json_add_object(e, "args");
 	if (str)
 		kiln_json_add_string(args, key, str);
@@ -83,15 +83,15 @@ static void add_task(kiln_json *events, int32_t stage, int32_t layer, int32_t te
 	kiln_json_add_string(e, "name", name);
 	kiln_json_add_string(e, "cat", kiln_view_kind_name((int)k->kind));
 	kiln_json_add_string(e, "ph", "X");
-	kiln_json_add_number(e, "pid", stage);
-	kiln_json_add_number(e, "tid", (double)k->stream);
+	kiln_json_add_i64(e, "pid", stage);
+	kiln_json_add_i64(e, "tid", k->stream);
 	kiln_json_add_number(e, "ts", offset_us + k->start_us);
 	kiln_json_add_number(e, "dur", fmax(0.0, k->end_us - k->start_us));
 	kiln_json *args = kiln_json_add_object(e, "args");
-	kiln_json_add_number(args, "layer", layer);
-	kiln_json_add_number(args, "chain", k->chain);
-	kiln_json_add_number(args, "template", template_id);
-	kiln_json_add_number(args, "plan", t->plan);
+	kiln_json_add_i64(args, "layer", layer);
+	kiln_json_add_i64(args, "chain", k->chain);
+	kiln_json_add_i64(args, "template", template_id);
+	kiln_json_add_i64(args, "plan", t->plan);
 	kiln_json_add_number(args, "load_factor", t->load_factor);
 }
 

@@ -118,10 +118,12 @@ void kiln_fe_note_at(kiln_fe_ctx *c, kiln_fe_diag *d, int line, int col, const c
 static void print_line(FILE *out, const char *file, int line, int col, const char *kind,
                        const char *msg)
 {
+	/* The file name may come from the description (hardware: PATH). */
+	kiln_text_put(out, file, strlen(file));
 	if (line > 0)
-		fprintf(out, "%s:%d:%d: %s: %s\n", file, line, col, kind, msg);
+		fprintf(out, ":%d:%d: %s: %s\n", line, col, kind, msg);
 	else
-		fprintf(out, "%s: %s: %s\n", file, kind, msg);
+		fprintf(out, ": %s: %s\n", kind, msg);
 }
 
 int kiln_fe_ctx_finish(kiln_fe_ctx *c, FILE *diag)
@@ -134,13 +136,16 @@ int kiln_fe_ctx_finish(kiln_fe_ctx *c, FILE *diag)
 			for (const kiln_fe_note *n = d->notes; n; n = n->next)
 				print_line(diag, n->file, n->line, n->col, "note", n->msg);
 		}
-		if (c->n_errors > c->n_kept && !c->nomem && c->n_kept > 0)
-			fprintf(diag,
-			        "%s: error: too many errors (%llu); only the first %d are shown\n",
-			        c->kept[0]->file, (unsigned long long)c->n_errors,
-			        KILN_FRONTEND_MAX_ERRORS);
+		if (c->n_errors > c->n_kept && !c->nomem && c->n_kept > 0) {
+			char msg[96];
+			snprintf(msg, sizeof msg,
+			         "too many errors (%llu); only the first %d are shown",
+			         (unsigned long long)c->n_errors, KILN_FRONTEND_MAX_ERRORS);
+			print_line(diag, c->kept[0]->file, 0, 0, "error", msg);
+		}
 		if (c->nomem)
-			fprintf(diag, "%s: error: out of memory\n", c->file ? c->file : "kiln");
+			print_line(diag, c->file ? c->file : "kiln", 0, 0, "error",
+			           "out of memory");
 	}
 	if (c->nomem)
 		return KILN_FRONTEND_NOMEM;
@@ -149,26 +154,11 @@ int kiln_fe_ctx_finish(kiln_fe_ctx *c, FILE *diag)
 
 const char *kiln_fe_show(kiln_fe_ctx *c, const char *s, size_t len)
 {
-	enum { SHOW_MAX = 48 };
-	char buf[SHOW_MAX * 4 + 8];
-	size_t o = 0;
-	buf[o++] = '\'';
-	size_t i = 0;
-	for (; i < len && i < SHOW_MAX; i++) {
-		unsigned char ch = (unsigned char)s[i];
-		if (ch < 0x20 || ch >= 0x7f || ch == '\\') {
-			snprintf(buf + o, sizeof(buf) - o, "\\x%02x", ch);
-			o += 4;
-		} else {
-			buf[o++] = (char)ch;
-		}
-	}
-	if (i < len) {
-		memcpy(buf + o, "...", 3);
-		o += 3;
-	}
-	buf[o++] = '\'';
-	buf[o] = '\0';
+	enum { SHOW_MAX = 64 };
+	char buf[SHOW_MAX + 3];
+	buf[0] = '\'';
+	kiln_text_escape(s, len, SHOW_MAX + 1, buf + 1);
+	strcat(buf, "'");
 	char *r = kiln_arena_strdup(c->a, buf);
 	if (!r) {
 		kiln_fe_oom(c);

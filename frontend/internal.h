@@ -78,9 +78,9 @@ void kiln_fe_oom(kiln_fe_ctx *c);
  * nothing was reported, KILN_FRONTEND_NOMEM after exhaustion, else
  * KILN_FRONTEND_INVALID. */
 int kiln_fe_ctx_finish(kiln_fe_ctx *c, FILE *diag);
-/* A printable, quoted form of len bytes of s for messages: at most 48
- * characters, control and non-ASCII bytes as \xNN. Arena-owned; never NULL
- * (a static placeholder on exhaustion). */
+/* A printable, quoted form of len bytes of s for messages: escaped by
+ * kiln_text_escape, at most 64 characters (longer ends in "..."). Arena-owned;
+ * never NULL (a static placeholder on exhaustion). */
 const char *kiln_fe_show(kiln_fe_ctx *c, const char *s, size_t len);
 
 /* ---------------------------------------------------------------- yaml.c */

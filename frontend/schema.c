@@ -1,8 +1,7 @@
 /* frontend/schema.c: the key tables (frontend/schema.def), typed scalars,
  * unknown and duplicate keys, and did-you-mean suggestions. */
 #include <ctype.h>
-#include <errno.h>
-#include <math.h>
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,106 +115,51 @@ const char *kiln_fe_node_describe(kiln_fe_ctx *c, const kiln_fe_node *n)
 	return kiln_fe_show(c, n->text, n->len);
 }
 
-/* Digits with an optional sign, nothing else. */
-static bool int_syntax(const char *s, size_t len)
-{
-	size_t i = 0;
-	if (i < len && (s[i] == '+' || s[i] == '-'))
-		i++;
-	if (i == len)
-		return false;
-	for (; i < len; i++)
-		if (s[i] < '0' || s[i] > '9')
-			return false;
-	return true;
-}
-
 bool kiln_fe_node_int(kiln_fe_ctx *c, const kiln_fe_node *n, const char *key, int64_t *out)
 {
 	if (n->broken)
 		return false;
-	if (n->kind != KILN_FE_SCALAR || !n->plain || !int_syntax(n->text, n->len)) {
+	int rc = n->kind == KILN_FE_SCALAR && n->plain
+	             ? kiln_num_i64_parse(n->text, n->len, INT64_MIN, INT64_MAX, out)
+	             : KILN_NUM_SYNTAX;
+	if (rc == KILN_NUM_SYNTAX) {
 		kiln_fe_error(c, n->line, n->col, "expected an integer for '%s', got %s%s", key,
 		              n->kind == KILN_FE_SCALAR && !n->plain ? "the quoted string " : "",
 		              kiln_fe_node_describe(c, n));
 		return false;
 	}
-	/* Accumulate the magnitude in uint64 so that no step can overflow. */
-	const char *s = n->text;
-	size_t i = 0;
-	bool neg = false;
-	if (s[0] == '+' || s[0] == '-') {
-		neg = s[0] == '-';
-		i = 1;
+	if (rc == KILN_NUM_RANGE) {
+		bool neg = n->text[0] == '-';
+		kiln_fe_error(
+		    c, n->line, n->col, "integer out of range for '%s': %s (the limit is %s%llu)",
+		    key, kiln_fe_show(c, n->text, n->len), neg ? "-" : "",
+		    neg ? (unsigned long long)INT64_MAX + 1 : (unsigned long long)INT64_MAX);
+		return false;
 	}
-	uint64_t limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
-	uint64_t v = 0;
-	for (; i < n->len; i++) {
-		uint64_t d = (uint64_t)(s[i] - '0');
-		if (v > (limit - d) / 10) {
-			kiln_fe_error(c, n->line, n->col,
-			              "integer out of range for '%s': %s (the limit is %s%llu)",
-			              key, kiln_fe_show(c, n->text, n->len), neg ? "-" : "",
-			              (unsigned long long)limit);
-			return false;
-		}
-		v = v * 10 + d;
-	}
-	if (neg)
-		*out = v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v;
-	else
-		*out = (int64_t)v;
 	return true;
 }
 
-/* [+-] digits [. digits] [e [+-] digits], with a digit before or after the
- * point: decimal notation only, so nan, inf, .inf and hex floats fail. */
-static bool float_syntax(const char *s, size_t len)
-{
-	size_t i = 0, digits = 0;
-	if (i < len && (s[i] == '+' || s[i] == '-'))
-		i++;
-	while (i < len && s[i] >= '0' && s[i] <= '9')
-		i++, digits++;
-	if (i < len && s[i] == '.') {
-		i++;
-		while (i < len && s[i] >= '0' && s[i] <= '9')
-			i++, digits++;
-	}
-	if (!digits)
-		return false;
-	if (i < len && (s[i] == 'e' || s[i] == 'E')) {
-		i++;
-		if (i < len && (s[i] == '+' || s[i] == '-'))
-			i++;
-		size_t exp = 0;
-		while (i < len && s[i] >= '0' && s[i] <= '9')
-			i++, exp++;
-		if (!exp)
-			return false;
-	}
-	return i == len;
-}
-
+/* Decimal notation only (kiln_num_f64_parse), so nan, inf, .inf and hex
+ * floats fail. */
 static bool node_float(kiln_fe_ctx *c, const kiln_fe_node *n, const char *key, double *out)
 {
 	if (n->broken)
 		return false;
-	if (n->kind != KILN_FE_SCALAR || !n->plain || !float_syntax(n->text, n->len)) {
+	int rc = n->kind == KILN_FE_SCALAR && n->plain
+	             ? kiln_num_f64_parse(n->text, n->len, -DBL_MAX, DBL_MAX, out)
+	             : KILN_NUM_SYNTAX;
+	if (rc == KILN_NUM_SYNTAX) {
 		kiln_fe_error(c, n->line, n->col, "expected a finite number for '%s', got %s%s",
 		              key,
 		              n->kind == KILN_FE_SCALAR && !n->plain ? "the quoted string " : "",
 		              kiln_fe_node_describe(c, n));
 		return false;
 	}
-	errno = 0;
-	double v = strtod(n->text, NULL);
-	if (!isfinite(v)) {
+	if (rc == KILN_NUM_RANGE) {
 		kiln_fe_error(c, n->line, n->col, "number out of range for '%s': %s", key,
 		              kiln_fe_show(c, n->text, n->len));
 		return false;
 	}
-	*out = v;
 	return true;
 }
 

@@ -142,6 +142,17 @@ static void on_scalar(builder *b, yaml_event_t *ev)
 	}
 	n->len = ev->data.scalar.length;
 	n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+	/* The reader refuses control characters in the file; an escape in a
+	 * double-quoted scalar ("\e", "\0", "\x9b") or a block scalar's line
+	 * break makes them anyway, after it. No value of the format is
+	 * multi-line text, and a name with them could drive the terminal it is
+	 * printed to. */
+	uint32_t cp;
+	if (kiln_text_has_control(n->text, n->len, &cp))
+		kiln_fe_error(b->c, n->line, n->col,
+		              "control character U+%04X in %s; text values must be printable "
+		              "(no escapes such as \\e, \\n or \\t, no line breaks)",
+		              (unsigned)cp, kiln_fe_show(b->c, n->text, n->len));
 	if (!count_nodes(b, 1, ev->start_mark))
 		return;
 	define_anchor(b, ev->data.scalar.anchor, n, ev->start_mark);

@@ -35,6 +35,43 @@ void kiln_arena_free(kiln_arena *a);
 /* Bytes handed out so far (for benchmarks). */
 size_t kiln_arena_used(const kiln_arena *a);
 
+/* ---------------------------------------------------------------- text.c */
+
+/* Numbers in text, one rule set for the command line, model descriptions
+ * and load traces (docs/cli.md, "Numbers"): the whole of s[0..len) is the
+ * number, with no blanks around it; decimal digits only (no hex, octal,
+ * digit separators, inf or nan); an optional leading sign. Each returns
+ * KILN_NUM_OK and sets *out, KILN_NUM_SYNTAX when s is not written that
+ * way, or KILN_NUM_RANGE when it is but its value lies outside [lo, hi]
+ * (or outside the type, or is not finite); *out is untouched on failure.
+ * s is borrowed and need not be NUL-terminated. */
+enum { KILN_NUM_OK = 0, KILN_NUM_SYNTAX = -1, KILN_NUM_RANGE = -2 };
+/* An integer: [+-] digits (leading zeros allowed). */
+int kiln_num_i64_parse(const char *s, size_t len, int64_t lo, int64_t hi, int64_t *out);
+int kiln_num_u64_parse(const char *s, size_t len, uint64_t lo, uint64_t hi, uint64_t *out);
+/* A decimal number of at most 256 characters:
+ * [+-] (digits [. [digits]] | . digits) [(e|E) [+-] digits]. */
+int kiln_num_f64_parse(const char *s, size_t len, double lo, double hi, double *out);
+/* A byte count: digits, then optionally one of the suffixes B, K, KB, KiB,
+ * M, MB, MiB, G, GB, GiB, T, TB, TiB (powers of 1024; case matters); no
+ * sign. KILN_NUM_RANGE when the product exceeds UINT64_MAX. */
+int kiln_num_bytes_parse(const char *s, size_t len, uint64_t *out);
+
+/* Untrusted text (names and paths from a description, a blob, a trace or
+ * the command line) as it may be printed to a terminal: valid UTF-8 stays
+ * as it is, except C1 controls; every other byte that is not printable
+ * ASCII (C0 controls, DEL, C1 controls, bytes of invalid UTF-8) becomes
+ * \xNN, and a backslash becomes \\, so that the output is one line
+ * that cannot move the cursor, retitle the terminal or fake other output.
+ * kiln_text_escape writes it into out (cap bytes, NUL-terminated; text
+ * that does not fit is cut at a character and ends in "...") and returns
+ * out. kiln_text_put writes all of it to f; 0, or -1 on a write error. */
+const char *kiln_text_escape(const char *s, size_t len, size_t cap, char *out);
+int kiln_text_put(FILE *f, const char *s, size_t len);
+/* Whether s[0..len) holds a control character (C0, DEL, or a C1 control
+ * encoded in UTF-8); if so *out_cp is the first one's code point. */
+bool kiln_text_has_control(const char *s, size_t len, uint32_t *out_cp);
+
 /* ---------------------------------------------------------------- model */
 
 typedef enum { KILN_ATTN_FLASH, KILN_ATTN_EAGER } kiln_attention;

@@ -32,11 +32,11 @@ static int range_ok(uint64_t first, uint64_t n, uint64_t total)
 static int check_header(const unsigned char *b, size_t size)
 {
 	/* Too short for a header: truncated when what is there starts like a
-	 * blob, else not a blob at all (an empty file included). */
+	 * blob (an empty file included: what an interrupted write leaves),
+	 * else not a blob at all. */
 	if (size < sizeof(kiln_blob_header))
-		return size > 0 && memcmp(b, KILN_BLOB_MAGIC, size < 8 ? size : 8) == 0
-		           ? KILN_RT_ETRUNC
-		           : KILN_RT_EMAGIC;
+		return memcmp(b, KILN_BLOB_MAGIC, size < 8 ? size : 8) == 0 ? KILN_RT_ETRUNC
+		                                                            : KILN_RT_EMAGIC;
 	kiln_blob_header h;
 	memcpy(&h, b, sizeof h);
 	if (memcmp(h.magic, KILN_BLOB_MAGIC, sizeof h.magic) != 0)
@@ -571,7 +571,7 @@ int kiln_rt_open_file(const char *path, kiln_rt **out)
 	}
 	if (st.st_size == 0 || (uint64_t)st.st_size > KILN_BLOB_MAX_BYTES) {
 		close(fd);
-		return st.st_size == 0 ? KILN_RT_EMAGIC : KILN_RT_ETRUNC;
+		return KILN_RT_ETRUNC;
 	}
 	size_t size = (size_t)st.st_size;
 	void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);

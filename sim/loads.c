@@ -10,6 +10,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -528,51 +529,12 @@ static void unknown_profile(const char *spec, FILE *err)
 	      err);
 }
 
-/* Whether s[0..len) is a decimal number: [+-]digits[.digits][(e|E)[+-]digits]. */
-static int is_decimal(const char *s, size_t len)
-{
-	size_t i = 0, digits = 0;
-	if (i < len && (s[i] == '+' || s[i] == '-'))
-		i++;
-	while (i < len && isdigit((unsigned char)s[i]))
-		i++, digits++;
-	if (i < len && s[i] == '.') {
-		i++;
-		while (i < len && isdigit((unsigned char)s[i]))
-			i++, digits++;
-	}
-	if (digits == 0)
-		return 0;
-	if (i < len && (s[i] == 'e' || s[i] == 'E')) {
-		i++;
-		if (i < len && (s[i] == '+' || s[i] == '-'))
-			i++;
-		size_t exp = 0;
-		while (i < len && isdigit((unsigned char)s[i]))
-			i++, exp++;
-		if (exp == 0)
-			return 0;
-	}
-	return i == len;
-}
-
-/* Parses s[0..len) as a decimal number into *out; 0 when it is not one. */
-static int parse_decimal(const char *s, size_t len, double *out)
-{
-	char buf[64];
-	if (len == 0 || len >= sizeof buf || !is_decimal(s, len))
-		return 0;
-	memcpy(buf, s, len);
-	buf[len] = '\0';
-	*out = strtod(buf, NULL);
-	return 1;
-}
-
 static int parse_zipf(kiln_load_profile *p, const char *spec, FILE *err)
 {
 	const char *a = spec + strlen("zipf:");
 	double alpha = 0;
-	if (!parse_decimal(a, strlen(a), &alpha) || !isfinite(alpha) || !(alpha > 0)) {
+	if (kiln_num_f64_parse(a, strlen(a), -DBL_MAX, DBL_MAX, &alpha) != KILN_NUM_OK ||
+	    !(alpha > 0)) {
 		fputs("kilnc: error: load profile ", err);
 		put_shown(err, spec, strlen(spec));
 		fputs(" needs a positive exponent, as in zipf:1.2\n", err);
@@ -736,23 +698,18 @@ static int parse_header(tparse *t, line_ref l, int64_t line, kiln_arena *a, int 
 static int parse_key(tparse *t, int64_t line, int32_t col, line_ref f, int64_t max, int64_t *out)
 {
 	size_t len = (size_t)(f.e - f.b);
-	int digits = len > 0;
-	for (size_t i = 0; digits && i < len; i++)
-		digits = isdigit((unsigned char)f.b[i]) != 0;
-	int64_t v = 0;
-	for (size_t i = 0; digits && i < len && i < 18; i++)
-		v = v * 10 + (f.b[i] - '0');
-	if (digits && len <= 18 && v <= max) {
-		*out = v;
+	int rc = kiln_num_i64_parse(f.b, len, 0, max, out);
+	double d;
+	if (rc == KILN_NUM_OK)
 		return 0;
-	}
 	if (len == 0) {
 		terr(t, line, "column '%s' is empty\n", key_names[col]);
-	} else if (digits) {
+	} else if (rc == KILN_NUM_RANGE && f.b[0] != '-') {
 		terr(t, line, "column '%s' is ", key_names[col]);
 		put_shown(t->err, f.b, len);
 		fprintf(t->err, ", over the limit %lld\n", (long long)max);
-	} else if (f.b[0] == '-' && is_decimal(f.b, len)) {
+	} else if (kiln_num_f64_parse(f.b, len, -DBL_MAX, DBL_MAX, &d) != KILN_NUM_SYNTAX &&
+	           f.b[0] == '-') {
 		terr(t, line, "column '%s' has the negative value ", key_names[col]);
 		put_shown(t->err, f.b, len);
 		fputc('\n', t->err);
@@ -772,13 +729,14 @@ static int parse_value(tparse *t, int64_t line, int32_t col, line_ref f, double 
 		terr(t, line, "column '%.*s' is empty\n", (int)t->name_len[col], t->name[col]);
 		return -1;
 	}
-	if (!parse_decimal(f.b, len, &v)) {
+	int rc = kiln_num_f64_parse(f.b, len, -DBL_MAX, DBL_MAX, &v);
+	if (rc == KILN_NUM_SYNTAX) {
 		terr(t, line, "column '%.*s' is ", (int)t->name_len[col], t->name[col]);
 		put_shown(t->err, f.b, len);
 		fputs(", not a number\n", t->err);
 		return -1;
 	}
-	if (!isfinite(v)) {
+	if (rc == KILN_NUM_RANGE) {
 		terr(t, line, "column '%.*s' is ", (int)t->name_len[col], t->name[col]);
 		put_shown(t->err, f.b, len);
 		fputs(", out of range\n", t->err);

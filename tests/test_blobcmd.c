@@ -1,6 +1,7 @@
 /* tests/test_blobcmd.c: `kilnc compile -o`, `kilnc inspect` and `kilnc
  * select` (tools/blobcmd.c, tools/kilnc.c), run as a user would. */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,8 +10,10 @@
 #include <unistd.h>
 
 #include "codegen/codegen.h"
+#include "kiln/blob.h"
 #include "kiln/runtime.h"
 #include "kiln_test.h"
+#include "runtime/internal.h"
 
 static char *read_all(const char *path, size_t *out_len)
 {
@@ -171,7 +174,9 @@ Test(blobcmd, bad_blobs_exit_1_with_the_reason)
 	    {"truncated", 1000, -1, "truncated"},
 	    {"checksum", 0, 5000, "checksum"},
 	    {"magic", 0, 0, "bad magic"},
-	    {"empty", 0, -2, "bad magic"},
+	    /* An empty file starts like a blob (with nothing): truncated, what an
+	     * interrupted write leaves (blob-format.md). */
+	    {"empty", 0, -2, "truncated"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		size_t n = cases[i].len ? cases[i].len : len;
@@ -298,6 +303,265 @@ Test(blobcmd, select_usage_errors_exit_2)
 	cr_assert_eq(r.status, 0);
 	cr_assert_not_null(strstr(r.out, "--load-factor"));
 	kt_run_free(&r);
+	unlink(p);
+	free(p);
+}
+
+/* --free of KILN_RT_FREE_FROM_ACCOUNTING (2^64 - 1) says what that value
+ * means and why the command line refuses it. */
+Test(blobcmd, free_of_the_accounting_sentinel_is_explained)
+{
+	char *p = compile_tiny();
+	const char *frees[] = {"18446744073709551615", "18446744073709551615B"};
+	for (int k = 0; k < 2; k++) {
+		kt_run r =
+		    kt_kilnc((const char *const[]){"select", p, "--stage", "0", "--layer", "1",
+		                                   "--rows", "1", "--free", frees[k], NULL},
+		             NULL);
+		cr_assert_eq(r.status, 2, "%s", r.err);
+		cr_assert_not_null(strstr(r.err, "--free: 18446744073709551615 is "
+		                                 "KILN_RT_FREE_FROM_ACCOUNTING"),
+		                   "%s", r.err);
+		cr_assert_not_null(strstr(r.err, "at most 18446744073709551614"), "%s", r.err);
+		cr_assert_eq(r.out_len, 0);
+		kt_run_free(&r);
+	}
+	/* One byte less is a byte count like any other. */
+	kt_run r =
+	    kt_kilnc((const char *const[]){"select", p, "--stage", "0", "--layer", "1", "--rows",
+	                                   "1", "--free", "18446744073709551614", NULL},
+	             NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	/* Past 2^64 - 1 (2^34 G = 2^64 bytes): the range. */
+	r = kt_kilnc((const char *const[]){"select", p, "--stage", "0", "--layer", "1", "--rows",
+	                                   "1", "--free", "17179869184G", NULL},
+	             NULL);
+	cr_assert_eq(r.status, 2, "%s", r.err);
+	cr_assert_not_null(strstr(r.err, "--free: must be a byte count from 0 to "
+	                                 "18446744073709551615"),
+	                   "%s", r.err);
+	kt_run_free(&r);
+	unlink(p);
+	free(p);
+}
+
+/* A plan file that cannot be read is "kilnc: error: PLAN: REASON" from
+ * every command that reads one (docs/cli.md, exit status 1). */
+Test(blobcmd, unreadable_plans_use_the_plan_reason_form)
+{
+	const char *missing = "/nonexistent/kiln/plan.kiln";
+	const char *model = kt_src("examples/models/tiny.yaml");
+	const char *const *cmds[] = {
+	    (const char *const[]){"inspect", missing, NULL},
+	    (const char *const[]){"inspect", missing, "--json", NULL},
+	    (const char *const[]){"select", missing, "--stage", "0", "--layer", "1", "--rows", "1",
+	                          "--free", "1G", NULL},
+	    (const char *const[]){"simulate", model, "--policy", "kiln", "--iters", "1", "--plan",
+	                          missing, NULL},
+	};
+	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+		kt_run r = kt_kilnc(cmds[i], NULL);
+		cr_assert_eq(r.status, 1, "%s: %s", cmds[i][0], r.err);
+		cr_assert_str_eq(
+		    r.err,
+		    "kilnc: error: /nonexistent/kiln/plan.kiln: cannot open: No such file "
+		    "or directory\n",
+		    "%s", cmds[i][0]);
+		cr_assert_eq(r.out_len, 0);
+		kt_run_free(&r);
+	}
+	/* A directory: the same form. */
+	kt_run r = kt_kilnc((const char *const[]){"inspect", "/tmp", NULL}, NULL);
+	cr_assert_str_eq(r.err, "kilnc: error: /tmp: not a regular file\n");
+	kt_run_free(&r);
+}
+
+static void fix_crc(unsigned char *b, size_t len)
+{
+	const size_t at = offsetof(kiln_blob_header, crc32c);
+	uint32_t crc = kiln_rti_crc32c(0, b, at);
+	crc = kiln_rti_crc32c(crc, b + at + 4, len - at - 4);
+	memcpy(b + at, &crc, 4);
+}
+
+/* A blob of another format version names its version and the ones this
+ * kilnc reads (1.0, blob-format.md "Versions"). */
+Test(blobcmd, unsupported_version_names_both_versions)
+{
+	char *p = compile_tiny();
+	size_t len;
+	char *bytes = read_all(p, &len);
+	struct {
+		uint16_t major, minor;
+		const char *want;
+	} cases[] = {{2, 0, "unsupported blob version 2.0; this kilnc reads 1.0"},
+	             {1, 3, "unsupported blob version 1.3; this kilnc reads 1.0"},
+	             {0, 9, "unsupported blob version 0.9; this kilnc reads 1.0"}};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		memcpy(bytes + offsetof(kiln_blob_header, major), &cases[i].major, 2);
+		memcpy(bytes + offsetof(kiln_blob_header, minor), &cases[i].minor, 2);
+		fix_crc((unsigned char *)bytes, len);
+		char *bad = kt_temp_file(".kiln", bytes, len);
+		const char *const *cmds[] = {
+		    (const char *const[]){"inspect", bad, NULL},
+		    (const char *const[]){"select", bad, "--stage", "0", "--layer", "1", "--rows",
+		                          "1", "--free", "1G", NULL},
+		    (const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+		                          "--policy", "kiln", "--iters", "1", "--plan", bad, NULL},
+		};
+		for (size_t k = 0; k < 3; k++) {
+			kt_run r = kt_kilnc(cmds[k], NULL);
+			cr_assert_eq(r.status, 1, "%s", r.err);
+			char want[512];
+			snprintf(want, sizeof want, "kilnc: error: %s: %s", bad, cases[i].want);
+			cr_assert(strncmp(r.err, want, strlen(want)) == 0, "%s: %s", cmds[k][0],
+			          r.err);
+			kt_run_free(&r);
+		}
+		unlink(bad);
+		free(bad);
+	}
+	unlink(p);
+	free(p);
+	free(bytes);
+}
+
+/* Replaces the NUL-terminated string from with to (same length) wherever
+ * it stands whole in b's STRINGS, then fixes the CRC: a blob whose names
+ * the runtime accepts (it checks offsets, not contents). */
+static void replace_string(char *b, size_t len, const char *from, const char *to)
+{
+	size_t n = strlen(from) + 1;
+	cr_assert_eq(strlen(to), strlen(from));
+	int found = 0;
+	for (size_t i = 1; i + n <= len; i++)
+		if (b[i - 1] == '\0' && memcmp(b + i, from, n) == 0) {
+			memcpy(b + i, to, n - 1);
+			found++;
+		}
+	cr_assert_eq(found, 1, "'%s' found %d times", from, found);
+	fix_crc((unsigned char *)b, len);
+}
+
+/* Names in a blob are untrusted: inspect and select print them escaped. */
+Test(blobcmd, names_from_the_blob_are_escaped)
+{
+	char *p = compile_tiny();
+	size_t len;
+	char *bytes = read_all(p, &len);
+	/* ESC ] 0 ; (retitle the terminal) as the model's name; ESC [ 2 J
+	 * (clear the screen) and a C1 CSI (U+009B, C2 9B) in unit names. */
+	replace_string(bytes, len, "tiny", "\x1b]0;");
+	replace_string(bytes, len, "moe.probs", "\x1b[2J.prob");
+	replace_string(bytes, len, "moe.expert_up",
+	               "\xc2\x9b"
+	               "2J.expert_u");
+	char *bad = kt_temp_file(".kiln", bytes, len);
+	kt_run r = kt_kilnc((const char *const[]){"inspect", bad, NULL}, NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "model \\x1b]0; (hash "), "%.400s", r.out);
+	cr_assert_not_null(strstr(r.out, "\\x1b[2J.prob"), "%s", r.out);
+	cr_assert_not_null(strstr(r.out, "\\xc2\\x9b2J.expert_u"), "%s", r.out);
+	cr_assert_null(memchr(r.out, 0x1b, r.out_len), "a raw ESC on stdout");
+	cr_assert_null(strstr(r.out, "\xc2\x9b"), "a raw CSI on stdout");
+	kt_run_free(&r);
+	r = kt_kilnc((const char *const[]){"inspect", bad, "--templates", NULL}, NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_null(memchr(r.out, 0x1b, r.out_len), "a raw ESC on stdout");
+	kt_run_free(&r);
+	r = kt_kilnc((const char *const[]){"select", bad, "--stage", "0", "--layer", "1",
+	                                   "--load-factor", "1", "--free", "1G", NULL},
+	             NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "\\x1b[2J.prob"), "%s", r.out);
+	cr_assert_null(memchr(r.out, 0x1b, r.out_len), "a raw ESC on stdout");
+	kt_run_free(&r);
+	/* An error naming the model escapes it too. */
+	r = kt_kilnc((const char *const[]){"select", bad, "--stage", "0", "--layer", "99", "--rows",
+	                                   "1", "--free", "1G", NULL},
+	             NULL);
+	cr_assert_eq(r.status, 2, "%s", r.err);
+	cr_assert_not_null(strstr(r.err, "not a planned layer of \\x1b]0;"), "%s", r.err);
+	kt_run_free(&r);
+	unlink(bad);
+	free(bad);
+	unlink(p);
+	free(p);
+	free(bytes);
+}
+
+/* n with a comma every three digits, as the docs write figures. */
+static const char *commas(uint64_t n, char *buf, size_t cap)
+{
+	char digits[32];
+	int len = snprintf(digits, sizeof digits, "%llu", (unsigned long long)n);
+	size_t o = 0;
+	for (int i = 0; i < len && o + 2 < cap; i++) {
+		if (i > 0 && (len - i) % 3 == 0)
+			buf[o++] = ',';
+		buf[o++] = digits[i];
+	}
+	buf[o] = '\0';
+	return buf;
+}
+
+/* docs/blob-format.md quotes tiny's blob: its first 64 bytes, their
+ * file_bytes and CRC, and a row of "Measured sizes". Every figure is
+ * checked against the blob compiled now, so the docs cannot go stale
+ * unnoticed (they had: 150,976 bytes quoted for a 135,936-byte blob). */
+Test(blobcmd, tiny_figures_in_blob_format_md_are_current)
+{
+	char *p = compile_tiny();
+	size_t len;
+	char *bytes = read_all(p, &len);
+	kiln_rt *rt = NULL;
+	cr_assert_eq(kiln_rt_open_file(p, &rt), 0);
+	char path[4096];
+	snprintf(path, sizeof path, "%s", kt_src("docs/blob-format.md"));
+	size_t doc_len;
+	char *doc = read_all(path, &doc_len);
+	cr_assert_not_null(doc);
+	/* The hex dump, as xxd prints it: 16 bytes a line, in pairs. */
+	const unsigned char *u = (const unsigned char *)bytes;
+	for (int line = 0; line < 4; line++) {
+		char want[128];
+		int o = snprintf(want, sizeof want, "%08x:", line * 16);
+		for (int i = 0; i < 16; i += 2)
+			o += snprintf(want + o, sizeof want - (size_t)o, " %02x%02x",
+			              u[line * 16 + i], u[line * 16 + i + 1]);
+		cr_expect_not_null(strstr(doc, want), "blob-format.md lacks the dump line \"%s\"",
+		                   want);
+	}
+	kiln_blob_header h;
+	memcpy(&h, bytes, sizeof h);
+	char a[32], want[256];
+	snprintf(want, sizeof want,
+	         "(`file_bytes` = 0x%" PRIX64 " = %s; 15 sections; CRC32C 0x%08X.)", h.file_bytes,
+	         commas(h.file_bytes, a, sizeof a), (unsigned)h.crc32c);
+	cr_expect_not_null(strstr(doc, want), "blob-format.md lacks \"%s\"", want);
+	/* The row: stages, planned layers, sets, buckets, points stored, plans,
+	 * templates, bytes, KiB. */
+	kiln_rt_info info;
+	kiln_rt_info_get(rt, &info);
+	uint64_t count[KILN_SEC_COUNT];
+	for (int i = 0; i < KILN_SEC_COUNT; i++) {
+		kiln_blob_section s;
+		memcpy(&s, bytes + h.table_offset + (size_t)i * sizeof s, sizeof s);
+		count[s.id] = s.count;
+	}
+	char b[32], c[32], d[32], e[32];
+	snprintf(want, sizeof want,
+	         "| `tiny` | %d | %d | %llu | %d | %s | %s | %s | %s | %.1f KiB |", info.n_stages,
+	         info.n_layers, (unsigned long long)count[KILN_SEC_SETS], info.n_buckets,
+	         commas(count[KILN_SEC_POINTS], b, sizeof b),
+	         commas((uint64_t)kiln_rt_plan_count(rt), c, sizeof c),
+	         commas((uint64_t)kiln_rt_template_count(rt), d, sizeof d),
+	         commas(len, e, sizeof e), len / 1024.0);
+	cr_expect_not_null(strstr(doc, want), "blob-format.md lacks the row \"%s\"", want);
+	kiln_rt_close(rt);
+	free(doc);
+	free(bytes);
 	unlink(p);
 	free(p);
 }

@@ -418,3 +418,410 @@ Test(cli_views, viz_refuses_foreign_mlir_and_invalid_schedules)
 	unlink(path);
 	free(path);
 }
+
+/* ---------------------------------------------------------------- numbers, options, text */
+
+/* tiny compiled to a fresh temporary blob; the caller unlinks and frees it. */
+static char *tiny_blob(void)
+{
+	char *p = kt_temp_file(".kiln", "", 0);
+	kt_run r = RUN("compile", kt_src("examples/models/tiny.yaml"), "-o", p);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	return p;
+}
+
+/* args exits 2 with want in its message and nothing on stdout. */
+static void expect_usage(const char *const *args, const char *want)
+{
+	kt_run r = kt_kilnc(args, NULL);
+	char line[512] = "";
+	for (int i = 0; args[i]; i++)
+		snprintf(line + strlen(line), sizeof line - strlen(line), " %s", args[i]);
+	cr_assert_eq(r.status, 2, "kilnc%s: status %d, stderr: %s", line, r.status, r.err);
+	cr_assert_not_null(strstr(r.err, want), "kilnc%s: stderr: %s", line, r.err);
+	cr_assert_eq(r.out_len, 0, "kilnc%s wrote to stdout: %.200s", line, r.out);
+	kt_run_free(&r);
+}
+
+/* Every number option of every command, with a value written in a way
+ * docs/cli.md ("Numbers") refuses: a hex float, which strtod reads
+ * (0x1p1 is 2), and hex integers, which no kiln parser reads. */
+Test(cli_args, hex_numbers_are_refused_by_every_parser)
+{
+	char *plan = tiny_blob();
+	const char *tiny = kt_src("examples/models/tiny.yaml");
+	char model[4096];
+	snprintf(model, sizeof model, "%s", tiny);
+	/* strtod read these two (as 2 and 8): the hex floats first. */
+	expect_usage((const char *const[]){"select", plan, "--stage", "0", "--layer", "1",
+	                                   "--load-factor", "0x1p1", "--free", "3M", NULL},
+	             "--load-factor: must be a decimal number from 0 to 1000000, got '0x1p1'");
+	expect_usage((const char *const[]){"simulate", model, "--policy", "kiln", "--restart-s",
+	                                   "0x1p3", NULL},
+	             "--restart-s: must be a decimal number from 0 to 1000000000, got '0x1p3'");
+	const char *opts[][2] = {{"--stage", "0"},
+	                         {"--layer", "1"},
+	                         {"--load-factor", "2"},
+	                         {"--free", "3M"},
+	                         {"--pending", "0"}};
+	/* select: each option in turn gets the hex spelling of its good value. */
+	const char *hex[] = {"0x0", "0x1", "0x1p1", "0x300000", "0x0"};
+	for (int k = 0; k < 5; k++) {
+		const char *a[16] = {"select", plan};
+		int n = 2;
+		for (int j = 0; j < 5; j++) {
+			a[n++] = opts[j][0];
+			a[n++] = j == k ? hex[k] : opts[j][1];
+		}
+		expect_usage(a, "must be");
+	}
+	expect_usage((const char *const[]){"select", plan, "--stage", "0", "--layer", "1", "--rows",
+	                                   "0x10", "--free", "3M", NULL},
+	             "--rows: must be an integer from 0 to 18446744073709551615, got '0x10'");
+	expect_usage((const char *const[]){"select", plan, "--stage", "0", "--layer", "1",
+	                                   "--tokens", "1,0x2", "--free", "3M", NULL},
+	             "--tokens: must be a list of integers");
+	const char *sim[][2] = {{"--iters", "0x2"},
+	                        {"--seed", "0x1"},
+	                        {"--groups", "0x1"},
+	                        {"--checkpoint-every", "0x10"},
+	                        {"--restart-s", "0x1p3"}};
+	for (int k = 0; k < 5; k++)
+		expect_usage((const char *const[]){"simulate", model, "--policy", "kiln", sim[k][0],
+		                                   sim[k][1], NULL},
+		             "must be");
+	/* The description, the load profiles and traces refuse them as well
+	 * (they did before: this is the same rule). */
+	char *yaml = NULL, *hexed = kt_temp_file(".yaml", "", 0);
+	cr_assert_eq(
+	    kt_sh(&yaml, "sed 's/max_factor: 3.0/max_factor: 0x1p1/' '%s' > '%s'", tiny, hexed), 0);
+	free(yaml);
+	kt_run r = RUN("check", hexed);
+	cr_assert_eq(r.status, 1, "%s", r.err);
+	cr_assert_not_null(strstr(r.err, "expected a finite number for 'max_factor', got '0x1p1'"),
+	                   "%s", r.err);
+	kt_run_free(&r);
+	unlink(hexed);
+	free(hexed);
+	r = RUN("simulate", model, "--policy", "kiln", "--loads", "zipf:0x1p0");
+	cr_assert_eq(r.status, 1, "%s", r.err);
+	kt_run_free(&r);
+	static const char trace[] = "iteration,microbatch,layer,rank,factor\n0,0,1,0,0x1p1\n";
+	char *tp = kt_temp_file(".csv", trace, sizeof trace - 1);
+	r = RUN("simulate", model, "--policy", "kiln", "--loads", tp);
+	cr_assert_eq(r.status, 1, "%s", r.err);
+	cr_assert_not_null(strstr(r.err, "'0x1p1', not a number"), "%s", r.err);
+	kt_run_free(&r);
+	unlink(tp);
+	free(tp);
+	unlink(plan);
+	free(plan);
+}
+
+/* Blanks before a number were skipped by strtol and strtod, blanks after it
+ * refused: both are refused now, by every command-line parser. */
+Test(cli_args, blanks_around_numbers_are_refused_alike)
+{
+	char *plan = tiny_blob();
+	const char *model = kt_src("examples/models/tiny.yaml");
+	const char *spellings[] = {" 2", "2 ", "\t2", "2\n"};
+	for (int s = 0; s < 4; s++) {
+		const char *v = spellings[s];
+		expect_usage((const char *const[]){"simulate", model, "--policy", "kiln", "--iters",
+		                                   v, NULL},
+		             "--iters: must be an integer from 1 to 100000000, got '");
+		expect_usage(
+		    (const char *const[]){"simulate", model, "--policy", "kiln", "--seed", v, NULL},
+		    "--seed: must be an integer");
+		expect_usage((const char *const[]){"simulate", model, "--policy", "kiln",
+		                                   "--groups", v, NULL},
+		             "--groups: must be an integer");
+		expect_usage((const char *const[]){"simulate", model, "--policy", "kiln",
+		                                   "--checkpoint-every", v, NULL},
+		             "--checkpoint-every: must be an integer");
+		expect_usage((const char *const[]){"simulate", model, "--policy", "kiln",
+		                                   "--restart-s", v, NULL},
+		             "--restart-s: must be a decimal number from 0 to 1000000000");
+		expect_usage((const char *const[]){"select", plan, "--stage", v, "--layer", "1",
+		                                   "--rows", "1", "--free", "3M", NULL},
+		             "--stage: must be an integer from 0 to 2147483647");
+		expect_usage((const char *const[]){"select", plan, "--stage", "0", "--layer", v,
+		                                   "--rows", "1", "--free", "3M", NULL},
+		             "--layer: must be an integer");
+		expect_usage((const char *const[]){"select", plan, "--stage", "0", "--layer", "1",
+		                                   "--rows", v, "--free", "3M", NULL},
+		             "--rows: must be an integer");
+		expect_usage((const char *const[]){"select", plan, "--stage", "0", "--layer", "1",
+		                                   "--load-factor", v, "--free", "3M", NULL},
+		             "--load-factor: must be a decimal number from 0 to 1000000");
+		expect_usage((const char *const[]){"select", plan, "--stage", "0", "--layer", "1",
+		                                   "--rows", "1", "--free", v, NULL},
+		             "--free: must be a byte count");
+		expect_usage((const char *const[]){"select", plan, "--stage", "0", "--layer", "1",
+		                                   "--rows", "1", "--free", "3M", "--pending", v,
+		                                   NULL},
+		             "--pending: must be an integer from 0 to 1000000");
+		expect_usage((const char *const[]){"select", plan, "--stage", "0", "--layer", "1",
+		                                   "--tokens", v, "--free", "3M", NULL},
+		             "--tokens: must be a list of integers");
+	}
+	/* The control character in the value is shown escaped. */
+	kt_run r =
+	    RUN("select", plan, "--stage", "0", "--layer", "1", "--rows", "2\n", "--free", "3M");
+	cr_assert_not_null(strstr(r.err, "got '2\\x0a'"), "%s", r.err);
+	kt_run_free(&r);
+	/* A sign and leading zeros are decimal: accepted by every parser. */
+	r = RUN("select", plan, "--stage", "+0", "--layer", "01", "--rows", "+0010", "--free", "3M",
+	        "--json");
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "\"rows\":\t10,"), "%s", r.out);
+	kt_run_free(&r);
+	unlink(plan);
+	free(plan);
+}
+
+/* docs/cli.md: every option is given at most once. Each option of each
+ * command, twice: a usage error naming it, nothing on stdout. */
+Test(cli_args, every_option_given_twice_is_a_usage_error)
+{
+	char *plan = tiny_blob();
+	const char *model = kt_src("examples/models/tiny.yaml");
+	char *o1 = kt_temp_file(".kiln", "", 0), *o2 = kt_temp_file(".svg", "", 0);
+	unlink(o1);
+	unlink(o2);
+	struct {
+		const char *args[16];
+		const char *name;
+	} cases[] = {
+	    {{"check", model, "--dump-after=lower", "--dump-after=lower"}, "--dump-after"},
+	    {{"check", model, "--dump-after", "lower", "--dump-after", "plan"}, "--dump-after"},
+	    {{"report", model, "--json", "--json"}, "--json"},
+	    {{"compile", model, "--json", "--json"}, "--json"},
+	    {{"compile", model, "--solver", "dp", "--solver", "milp"}, "--solver"},
+	    {{"compile", model, "--solver=dp", "--solver=dp"}, "--solver"},
+	    {{"compile", model, "--dump-after=plan", "--dump-after=budget"}, "--dump-after"},
+	    {{"compile", model, "-o", o1, "-o", o1}, "-o"},
+	    {{"compile", model, "--output", o1, "--output=x.kiln"}, "--output"},
+	    {{"compile", model, "--emit-mlir", "a.mlir", "--emit-mlir", "b.mlir"}, "--emit-mlir"},
+	    {{"compile", model, "--emit-trace", "a.json", "--emit-trace", "b.json"},
+	     "--emit-trace"},
+	    {{"compile", model, "--emit-svg", "a.svg", "--emit-svg", "b.svg"}, "--emit-svg"},
+	    {{"inspect", plan, "--json", "--json"}, "--json"},
+	    {{"inspect", plan, "--templates", "--templates"}, "--templates"},
+	    {{"select", plan, "--stage", "0", "--stage", "0", "--layer", "1", "--rows", "1",
+	      "--free", "1G"},
+	     "--stage"},
+	    {{"select", plan, "--stage", "0", "--layer", "1", "--layer", "1", "--rows", "1",
+	      "--free", "1G"},
+	     "--layer"},
+	    {{"select", plan, "--stage", "0", "--layer", "1", "--rows", "1", "--rows", "1",
+	      "--free", "1G"},
+	     "--rows"},
+	    {{"select", plan, "--stage", "0", "--layer", "1", "--tokens", "1", "--tokens", "1",
+	      "--free", "1G"},
+	     "--tokens"},
+	    {{"select", plan, "--stage", "0", "--layer", "1", "--load-factor", "1", "--load-factor",
+	      "1", "--free", "1G"},
+	     "--load-factor"},
+	    {{"select", plan, "--stage", "0", "--layer", "1", "--rows", "1", "--free", "1G",
+	      "--free", "1G"},
+	     "--free"},
+	    {{"select", plan, "--stage", "0", "--layer", "1", "--rows", "1", "--free", "1G",
+	      "--pending", "0", "--pending", "0"},
+	     "--pending"},
+	    {{"select", plan, "--stage", "0", "--layer", "1", "--rows", "1", "--free", "1G",
+	      "--json", "--json"},
+	     "--json"},
+	    {{"simulate", model, "--policy", "kiln", "--json", "--json"}, "--json"},
+	    {{"simulate", model, "--policy", "kiln", "--exact", "--exact"}, "--exact"},
+	    {{"simulate", model, "--policy", "kiln", "--policy", "kiln"}, "--policy"},
+	    {{"simulate", model, "--policy", "kiln", "--plan", plan, "--plan", plan}, "--plan"},
+	    {{"simulate", model, "--policy", "kiln", "--iters", "1", "--iters", "1"}, "--iters"},
+	    {{"simulate", model, "--policy", "kiln", "--seed", "1", "--seed", "1"}, "--seed"},
+	    {{"simulate", model, "--policy", "kiln", "--loads", "paper", "--loads", "paper"},
+	     "--loads"},
+	    {{"simulate", model, "--policy", "kiln", "--groups", "1", "--groups", "1"}, "--groups"},
+	    {{"simulate", model, "--policy", "kiln", "--restart-s", "1", "--restart-s", "1"},
+	     "--restart-s"},
+	    {{"simulate", model, "--policy", "kiln", "--checkpoint-every", "1",
+	      "--checkpoint-every", "1"},
+	     "--checkpoint-every"},
+	    {{"simulate", model, "--policy", "kiln", "--emit-trace", "a.json", "--emit-trace",
+	      "a.json"},
+	     "--emit-trace"},
+	    {{"simulate", model, "--emit-loads", "a.csv", "--emit-loads", "a.csv"}, "--emit-loads"},
+	    {{"viz", "p.mlir", "-o", o2, "-o", o2}, "-o"},
+	    {{"viz", "p.mlir", "--output", o2, "--output", o2}, "--output"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char want[64];
+		snprintf(want, sizeof want, "%s given twice", cases[i].name);
+		expect_usage(cases[i].args, want);
+	}
+	/* Nothing was written under the names given. */
+	cr_assert_neq(access(o1, F_OK), 0);
+	cr_assert_neq(access(o2, F_OK), 0);
+	free(o1);
+	free(o2);
+	unlink(plan);
+	free(plan);
+}
+
+Test(cli_args, version_and_help_take_no_arguments)
+{
+	expect_usage((const char *const[]){"--version", "extra", NULL},
+	             "'--version' takes no arguments, got 'extra'");
+	expect_usage((const char *const[]){"-V", "extra", NULL}, "'-V' takes no arguments");
+	expect_usage((const char *const[]){"--help", "check", NULL},
+	             "'--help' takes no arguments, got 'check' (one command's help: kilnc help "
+	             "COMMAND)");
+	kt_run r = RUN("--version");
+	cr_assert_eq(r.status, 0);
+	kt_run_free(&r);
+}
+
+/* --seed reads any 64-bit seed; past 2^64 - 1 the message says the limit. */
+Test(cli_args, seed_limit_is_stated_and_reached)
+{
+	const char *model = kt_src("examples/models/tiny.yaml");
+	expect_usage((const char *const[]){"simulate", model, "--policy", "kiln", "--seed",
+	                                   "18446744073709551616", NULL},
+	             "--seed: must be an integer from 0 to 18446744073709551615, got "
+	             "'18446744073709551616'");
+	expect_usage(
+	    (const char *const[]){"simulate", model, "--policy", "kiln", "--seed", "-1", NULL},
+	    "--seed: must be an integer from 0 to 18446744073709551615, got '-1'");
+	/* 2^64 - 1 = 18446744073709551615 runs, and comes back exactly in the
+	 * JSON (a double would print 1.8446744073709552e+19) and the text. */
+	kt_run r = RUN("simulate", model, "--policy", "kiln", "--iters", "2", "--seed",
+	               "18446744073709551615", "--json");
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "\"seed\":\t18446744073709551615,"), "%s", r.out);
+	kt_run_free(&r);
+	r = RUN("simulate", model, "--policy", "kiln", "--iters", "2", "--seed",
+	        "18446744073709551615");
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "(seed 18446744073709551615)"), "%s", r.out);
+	kt_run_free(&r);
+	/* The seed above 2^63 is a seed of its own, not 2^63 - 1 clamped: two
+	 * seeds that a double cannot tell apart (2^64 - 1 and 2^64 - 2) give
+	 * different load traces. */
+	char *a = kt_temp_file(".csv", "", 0), *b = kt_temp_file(".csv", "", 0);
+	r = RUN("simulate", model, "--iters", "3", "--seed", "18446744073709551615", "--emit-loads",
+	        a);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	r = RUN("simulate", model, "--iters", "3", "--seed", "18446744073709551614", "--emit-loads",
+	        b);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	char *diff = NULL;
+	cr_assert_neq(kt_sh(&diff, "cmp -s '%s' '%s'", a, b), 0, "same loads for different seeds");
+	free(diff);
+	unlink(a);
+	unlink(b);
+	free(a);
+	free(b);
+}
+
+/* JSON integers are exact past 2^53: a double would print 2^64 - 1 as
+ * 1.8446744073709552e+19. */
+Test(cli_args, json_integers_are_exact)
+{
+	char *plan = tiny_blob();
+	kt_run r = RUN("select", plan, "--stage", "0", "--layer", "1", "--rows",
+	               "18446744073709551615", "--free", "18446744073709551614", "--json");
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "\"rows\":\t18446744073709551615,"), "%s", r.out);
+	cr_assert_not_null(strstr(r.out, "\"free_bytes\":\t18446744073709551614,"), "%s", r.out);
+	cr_assert_null(strstr(r.out, "e+"), "a number in exponent form: %s", r.out);
+	kt_run_free(&r);
+	/* 2^53 + 1 = 9007199254740993, the first integer a double cannot hold. */
+	r = RUN("select", plan, "--stage", "0", "--layer", "1", "--rows", "9007199254740993",
+	        "--free", "9007199254740993", "--json");
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "\"rows\":\t9007199254740993,"), "%s", r.out);
+	cr_assert_not_null(strstr(r.out, "\"free_bytes\":\t9007199254740993,"), "%s", r.out);
+	kt_run_free(&r);
+	unlink(plan);
+	free(plan);
+}
+
+/* Text outputs escape what they did not write themselves: here a path,
+ * which may hold any byte but '/' and NUL. ESC ] 0 ; ... BEL would retitle
+ * the terminal; the output shows it as \x1b...\x07 instead. */
+Test(cli_text, paths_are_escaped_in_text_outputs)
+{
+	char dir[] = "/tmp/kiln-test-dir-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char path[256], want[300];
+	snprintf(path, sizeof path, "%s/m\x1b]0;pwned\x07.yaml", dir);
+	char *cp = NULL;
+	cr_assert_eq(kt_sh(&cp, "cp '%s' '%s'", kt_src("examples/models/tiny.yaml"), path), 0);
+	free(cp);
+	kt_run r = RUN("check", path);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	snprintf(want, sizeof want, "tiny: ok (%s/m\\x1b]0;pwned\\x07.yaml)\n", dir);
+	cr_assert(strncmp(r.out, want, strlen(want)) == 0, "%s", r.out);
+	cr_assert_null(memchr(r.out, 0x1b, r.out_len), "a raw ESC on stdout");
+	kt_run_free(&r);
+	/* A trace path is shown by simulate, and in the trace's diagnostics. */
+	static const char trace[] = "iteration,microbatch,layer,rank,factor\n0,0,1,0,1.5\n";
+	char tp[256];
+	snprintf(tp, sizeof tp, "%s/t\x1b[2J.csv", dir);
+	FILE *f = fopen(tp, "w");
+	cr_assert_not_null(f);
+	fputs(trace, f);
+	fclose(f);
+	r = RUN("simulate", kt_src("examples/models/tiny.yaml"), "--policy", "kiln", "--iters", "1",
+	        "--loads", tp);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	snprintf(want, sizeof want, "loads %s/t\\x1b[2J.csv (seed 1)", dir);
+	cr_assert_not_null(strstr(r.out, want), "%s", r.out);
+	cr_assert_null(memchr(r.out, 0x1b, r.out_len), "a raw ESC on stdout");
+	kt_run_free(&r);
+	/* A description's diagnostics name its file escaped too. */
+	char bad[256];
+	snprintf(bad, sizeof bad, "%s/b\x1b[2J.yaml", dir);
+	f = fopen(bad, "w");
+	cr_assert_not_null(f);
+	fputs("kiln: 2\n", f);
+	fclose(f);
+	r = RUN("check", bad);
+	cr_assert_eq(r.status, 1);
+	snprintf(want, sizeof want, "%s/b\\x1b[2J.yaml:1:7: error:", dir);
+	cr_assert_not_null(strstr(r.err, want), "%s", r.err);
+	cr_assert_null(memchr(r.err, 0x1b, r.err_len), "a raw ESC on stderr");
+	kt_run_free(&r);
+	unlink(path);
+	unlink(tp);
+	unlink(bad);
+	rmdir(dir);
+}
+
+/* Usage errors quote the argument they refuse, escaped. */
+Test(cli_text, usage_errors_escape_what_they_quote)
+{
+	const char *model = kt_src("examples/models/tiny.yaml");
+	const char *const *cases[] = {
+	    (const char *const[]){"report", model, "--\x1b[2J", NULL},
+	    (const char *const[]){"check", model, "extra\x1b[2J", NULL},
+	    (const char *const[]){"simulate", model, "--policy", "kiln\x1b[2J", NULL},
+	    (const char *const[]){"simulate", model, "--\x1b[2J", NULL},
+	    (const char *const[]){"inspect", "a.kiln", "--\x1b[2J", NULL},
+	    (const char *const[]){"select", "a.kiln", "--\x1b[2J", NULL},
+	    (const char *const[]){"viz", "a.mlir", "--\x1b[2J", NULL},
+	    (const char *const[]){"compile", model, "--solver", "dp\x1b[2J", NULL},
+	    (const char *const[]){"help", "check\x1b[2J", NULL},
+	    (const char *const[]){"\x1b[2J", NULL},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		kt_run r = kt_kilnc(cases[i], NULL);
+		cr_assert_eq(r.status, 2, "case %zu: %s", i, r.err);
+		cr_assert_not_null(strstr(r.err, "\\x1b[2J"), "case %zu: %s", i, r.err);
+		cr_assert_null(memchr(r.err, 0x1b, r.err_len), "case %zu: a raw ESC: %s", i, r.err);
+		cr_assert_null(strstr(r.err, "\\\\x1b"), "case %zu: escaped twice: %s", i, r.err);
+		kt_run_free(&r);
+	}
+}

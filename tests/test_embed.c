@@ -102,4 +102,13 @@ Test(embed, refuses_what_is_not_a_blob_and_bad_usage)
 	cr_assert_eq(status, 2, "status %d:\n%s", status, out);
 	cr_assert_not_null(strstr(out, "usage:"), "got:\n%s", out);
 	free(out);
+
+	/* A STAGE that is not a number was stage 0 (atoi); now a usage error. */
+	const char *stages[] = {"x", " 1", "1x", "0x1", "-1", ""};
+	for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
+		status = kt_sh(&out, "'%s' plan.kiln '%s'", KILN_EMBED_EXAMPLE, stages[i]);
+		cr_assert_eq(status, 2, "'%s': status %d:\n%s", stages[i], status, out);
+		cr_assert_not_null(strstr(out, "STAGE must be a stage number"), "got:\n%s", out);
+		free(out);
+	}
 }

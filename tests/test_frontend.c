@@ -1444,3 +1444,89 @@ Test(frontend_rules, max_factor_beyond_what_routing_can_produce)
 	                        "load: {max_factor: 17}\n",
 	               "m.yaml:12:20: error: max_factor (17) must be at most 16");
 }
+
+/* An escape in a double-quoted scalar makes a control character after
+ * libyaml's reader has checked the text (which refuses raw ones): ESC ] 0 ;
+ * title BEL would retitle the terminal that check prints the name to. Such
+ * text is refused where the scalar starts, like any other bad value. */
+Test(frontend_rules, escapes_that_make_control_characters_are_refused)
+{
+	expect_invalid("kiln: 1\n"
+	               "name: \"\\e]0;title\\a\"\n" /* line 2, the scalar at column 7 */
+	               "model:\n"
+	               "  layers: 4\n",
+	               "m.yaml:2:7: error: control character U+001B in '\\x1b]0;title\\x07'; text "
+	               "values must be printable");
+	/* NUL (which would cut the name short), a C1 control (CSI, U+009B), a
+	 * line break from a block scalar, a tab, DEL, a key made by an escape. */
+	expect_invalid("kiln: 1\n"
+	               "name: \"a\\0b\"\n"
+	               "hardware: \"bw\\x9b\"\n"
+	               "model: {layers: 4}\n"
+	               "training:\n"
+	               "  dtype: |\n"
+	               "    bf16\n"
+	               "parallel: {schedule: \"1f1b\\t\"}\n"
+	               "\"load\\x7f\": 1\n",
+	               "m.yaml:2:7: error: control character U+0000 in 'a\\x00b'");
+	expect_in_diag("m.yaml:3:11: error: control character U+009B in 'bw\\xc2\\x9b'");
+	expect_in_diag("m.yaml:6:10: error: control character U+000A in 'bf16\\x0a'");
+	expect_in_diag("m.yaml:8:22: error: control character U+0009 in '1f1b\\x09'");
+	expect_in_diag("m.yaml:9:1: error: control character U+007F in 'load\\x7f'");
+	/* Printable Unicode, escaped or not, is a name like any other. */
+	kiln_model *m = load_ok(DENSE_MODEL "training: {global_batch: 1}\n"
+	                                    "parallel: {devices: 1}\n"
+	                                    "hardware: bw1000\n"
+	                                    "name: \"caf\\u00e9 \xe2\x9c\x93\"\n");
+	cr_expect_str_eq(m->name, "caf\xc3\xa9 \xe2\x9c\x93");
+}
+
+/* The limit on layers is the code's KILN_FRONTEND_MAX_LAYERS, and
+ * docs/model-format.md states that number wherever it states the limit
+ * (its key table and its rule table once disagreed: 4096 and 100000). */
+Test(frontend_rules, layer_limit_is_the_one_the_docs_state)
+{
+	char path[4096];
+	snprintf(path, sizeof path, "%s/docs/model-format.md", KILN_SOURCE_DIR);
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f);
+	static char doc[1 << 20];
+	size_t n = fread(doc, 1, sizeof doc - 1, f);
+	fclose(f);
+	doc[n] = '\0';
+	/* Every line that states the limit (the key table names the constant,
+	 * the rule table starts "| `layers` <="): each number it gives after
+	 * "at most ", "<= " or "limit of " is the code's. */
+	int found = 0;
+	for (char *line = doc; line && *line;) {
+		char *nl = strchr(line, '\n');
+		if (nl)
+			*nl = '\0';
+		if (strstr(line, "KILN_FRONTEND_MAX_LAYERS") ||
+		    strncmp(line, "| `layers` <=", 13) == 0) {
+			found++;
+			const char *before[] = {"at most ", "<= ", "limit of "};
+			for (int k = 0; k < 3; k++)
+				for (const char *p = strstr(line, before[k]); p;
+				     p = strstr(p + 1, before[k])) {
+					long v = 0;
+					for (const char *d = p + strlen(before[k]);
+					     *d >= '0' && *d <= '9'; d++)
+						v = v * 10 + (*d - '0');
+					cr_expect_eq(v, KILN_FRONTEND_MAX_LAYERS,
+					             "model-format.md states %ld, the code %d: %s",
+					             v, KILN_FRONTEND_MAX_LAYERS, line);
+				}
+		}
+		line = nl ? nl + 1 : NULL;
+	}
+	cr_assert_geq(found, 2, "the key table and the rule table state the limit");
+	/* And the code's message is the one the rule table gives: 4096 + 1 layers. */
+	expect_invalid("kiln: 1\n"
+	               "model:\n"
+	               "  layers: 4097\n",
+	               "m.yaml:3:11: error: layers (4097) exceeds the limit of 4096");
+	kiln_model *m = NULL;
+	load("kiln: 1\nmodel:\n  layers: 4096\n", &m);
+	cr_expect_null(strstr(diag_text, "exceeds the limit"), "%s", diag_text);
+}

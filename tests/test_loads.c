@@ -1042,3 +1042,32 @@ Test(loads, trace_row_limit)
 	unlink(path);
 	free(path);
 }
+
+/* Keys and values follow kilnc's one number syntax (docs/cli.md,
+ * "Numbers"), as the command line and the description do: a sign and
+ * leading zeros are decimal (before, keys refused "+1" that --iters took);
+ * hex, exponents in keys and hex floats are not numbers. */
+Test(loads, trace_numbers_follow_the_one_rule)
+{
+	char *path;
+	kiln_load_profile *p = trace_ok("iteration,microbatch,layer,rank,factor\n"
+	                                "+1,00,+0,0001,+2.5\n",
+	                                &path);
+	kiln_load_shape s = shape(4, 2, 2);
+	double f[4];
+	/* Iteration 1, micro-batch 0, layer 0, rank 1 at 2.5. */
+	kiln_load_sample(p, &s, 1, 0, 0, 0, 0, f);
+	cr_expect(f[1] == 2.5 && f[0] == 1.0, "%g %g", f[0], f[1]);
+	unlink(path);
+	free(path);
+	trace_fails("iteration,microbatch,layer,rank,factor\n0x1,0,0,0,1\n",
+	            "%s:2: error: column 'iteration' is '0x1', not a non-negative integer\n");
+	trace_fails("iteration,microbatch,layer,rank,factor\n1e0,0,0,0,1\n",
+	            "%s:2: error: column 'iteration' is '1e0', not a non-negative integer\n");
+	trace_fails("iteration,microbatch,layer,rank,factor\n0,0,0,0,0x1p1\n",
+	            "%s:2: error: column 'factor' is '0x1p1', not a number\n");
+	/* 2^63 in a key is over the limit, read exactly (not cut at 18 digits). */
+	trace_fails("iteration,microbatch,layer,rank,factor\n0,9223372036854775808,0,0,1\n",
+	            "%s:2: error: column 'microbatch' is '9223372036854775808', over the limit "
+	            "2147483646\n");
+}

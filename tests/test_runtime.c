@@ -398,6 +398,36 @@ Test(runtime, allocation_failure_at_each_step_leaks_nothing)
 	free(b);
 }
 
+/* Input shorter than the header: truncated when what is there starts like
+ * the magic, the empty input included (blob-format.md, "Header"), else not
+ * a blob. */
+Test(runtime, short_input_is_truncated_when_it_starts_like_a_blob)
+{
+	static const unsigned char buf[64] __attribute__((aligned(8))) = "KILNPLAN-and-more";
+	kiln_rt *rt = NULL;
+	cr_assert_eq(kiln_rt_open(buf, 0, &rt), KILN_RT_ETRUNC, "the empty input");
+	cr_assert_null(rt);
+	cr_assert_eq(kiln_rt_open(buf, 4, &rt), KILN_RT_ETRUNC, "\"KILN\"");
+	cr_assert_eq(kiln_rt_open(buf, 8, &rt), KILN_RT_ETRUNC, "\"KILNPLAN\"");
+	cr_assert_eq(kiln_rt_open(buf, 63, &rt), KILN_RT_ETRUNC, "63 bytes");
+	static const unsigned char text[8] __attribute__((aligned(8))) = "KILX";
+	cr_assert_eq(kiln_rt_open(text, 4, &rt), KILN_RT_EMAGIC);
+	/* A file: the same codes. */
+	char *empty = kt_temp_file(".kiln", "", 0);
+	cr_assert_eq(kiln_rt_open_file(empty, &rt), KILN_RT_ETRUNC);
+	cr_assert_null(rt);
+	unlink(empty);
+	free(empty);
+	char *kiln = kt_temp_file(".kiln", "KILNPL", 6);
+	cr_assert_eq(kiln_rt_open_file(kiln, &rt), KILN_RT_ETRUNC);
+	unlink(kiln);
+	free(kiln);
+	char *other = kt_temp_file(".kiln", "PK\3\4", 4);
+	cr_assert_eq(kiln_rt_open_file(other, &rt), KILN_RT_EMAGIC);
+	unlink(other);
+	free(other);
+}
+
 Test(runtime, bad_arguments_and_files)
 {
 	size_t len;

@@ -482,4 +482,40 @@ Test(trainer, logs_follow_the_output_rule, .timeout = 900)
 	free(plan);
 }
 
+/* The trainer reads its options as kilnc does (docs/cli.md, "Options" and
+ * "Numbers"): each once (--spike excepted), numbers decimal with nothing
+ * around them. */
+Test(trainer, options_once_and_numbers_as_kilnc_reads_them, .timeout = 900)
+{
+	char *plan = compile_plan(), *out;
+	struct {
+		const char *args, *want;
+	} cases[] = {
+	    /* The helper passes --plan and --quiet once already. */
+	    {"--quiet", "--quiet given twice"},
+	    {"--plan x.kiln", "--plan given twice"},
+	    {"--seed 1 --seed 2", "--seed given twice"},
+	    {"--steps 2 --steps 3", "--steps given twice"},
+	    {"--policy keep --policy kiln", "--policy given twice"},
+	    {"--grad-check --grad-check", "--grad-check given twice"},
+	    /* strtod reads 0x1p-8 as 1/256, strtol skips the blank in ' 3'. */
+	    {"--lr 0x1p-8", "--lr wants a number in (0, 1), got '0x1p-8'"},
+	    {"--spike 3:0x1p-1:0", "--spike fraction must lie in [0, 1], got '0x1p-1'"},
+	    {"--steps ' 3'", "--steps wants an integer in [1, "},
+	    {"--arena 1.5M", "--arena wants a positive byte count"},
+	    {"--arena 4k", "--arena wants a positive byte count"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int st = trainer(&out, 4, plan, cases[i].args);
+		cr_expect_eq(st, 2, "%s: %s", cases[i].args, out);
+		cr_expect(strstr(out, cases[i].want), "%s: %s", cases[i].args, out);
+		free(out);
+	}
+	/* A trace's factor in hex is refused as kilnc refuses it. */
+	bad_trace(plan, "iteration,microbatch,layer,rank,factor\n0,1,0,0,0x1p1\n",
+	          "expected ITERATION,MICROBATCH,LAYER,RANK,FACTOR");
+	unlink(plan);
+	free(plan);
+}
+
 #endif

@@ -61,33 +61,70 @@ static void fmt_bytes(char *buf, size_t n, uint64_t v)
 		snprintf(buf, n, "%.2f GiB", v / 1073741824.0);
 }
 
-/* Reads a blob file into an 8-aligned buffer and opens it. Returns 0, or
- * EXIT_INPUT after a message naming path. */
-static int load_blob(const char *path, unsigned char **out_bytes, size_t *out_len, kiln_rt **out)
+/* s escaped for a terminal (kiln_text_escape) into buf of cap bytes. */
+static const char *esc(const char *s, char *buf, size_t cap)
+{
+	return kiln_text_escape(s, strlen(s), cap, buf);
+}
+
+/* "kilnc: error: PATH: " with PATH escaped, the start of every message
+ * about a plan file (docs/cli.md: kilnc: error: PLAN: REASON). */
+static void plan_error(const char *path)
+{
+	fputs("kilnc: error: ", stderr);
+	kiln_text_put(stderr, path, strlen(path));
+	fputs(": ", stderr);
+}
+
+/* The reason kiln_rt_open gave for bytes, with the blob's own version and
+ * the versions this runtime reads when the version is the problem. */
+static void open_failure(const char *path, int rc, const unsigned char *bytes, size_t len)
+{
+	plan_error(path);
+	if (rc == KILN_RT_EVERSION && len >= sizeof(kiln_blob_header)) {
+		kiln_blob_header h;
+		memcpy(&h, bytes, sizeof h);
+		fprintf(stderr, "%s %u.%u; this kilnc reads %u.0", kiln_rt_strerror(rc),
+		        (unsigned)h.major, (unsigned)h.minor, (unsigned)KILN_BLOB_MAJOR);
+		if (KILN_BLOB_MINOR > 0)
+			fprintf(stderr, " to %u.%u", (unsigned)KILN_BLOB_MAJOR,
+			        (unsigned)KILN_BLOB_MINOR);
+		fputs(" (recompile the plan with this kilnc)\n", stderr);
+		return;
+	}
+	fprintf(stderr, "%s\n", kiln_rt_strerror(rc));
+}
+
+int kilnc_blob_load(const char *path, unsigned char **out_bytes, size_t *out_len, kiln_rt **out)
 {
 	*out = NULL;
 	*out_bytes = NULL;
+	*out_len = 0;
 	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0) {
-		fprintf(stderr, "kilnc: error: cannot open %s: %s\n", path, strerror(errno));
+		plan_error(path);
+		fprintf(stderr, "cannot open: %s\n", strerror(errno));
 		return KILNC_EXIT_INPUT;
 	}
 	struct stat st;
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-		fprintf(stderr, "kilnc: error: %s: not a regular file\n", path);
+		plan_error(path);
+		fputs("not a regular file\n", stderr);
 		close(fd);
 		return KILNC_EXIT_INPUT;
 	}
 	if ((uint64_t)st.st_size > KILN_BLOB_MAX_BYTES) {
-		fprintf(stderr, "kilnc: error: %s: %lld bytes, over the 1 GiB limit of a plan blob\n",
-		        path, (long long)st.st_size);
+		plan_error(path);
+		fprintf(stderr, "%lld bytes, over the 1 GiB limit of a plan blob\n",
+		        (long long)st.st_size);
 		close(fd);
 		return KILNC_EXIT_INPUT;
 	}
 	size_t cap = (size_t)st.st_size, len = 0;
 	unsigned char *buf = malloc(cap ? cap : 1);
 	if (!buf) {
-		fprintf(stderr, "kilnc: error: out of memory reading %s\n", path);
+		plan_error(path);
+		fputs("out of memory reading it\n", stderr);
 		close(fd);
 		return KILNC_EXIT_INPUT;
 	}
@@ -95,14 +132,21 @@ static int load_blob(const char *path, unsigned char **out_bytes, size_t *out_le
 		ssize_t k = read(fd, buf + len, cap - len);
 		if (k < 0 && errno == EINTR)
 			continue;
-		if (k <= 0)
+		if (k < 0) {
+			plan_error(path);
+			fprintf(stderr, "cannot read: %s\n", strerror(errno));
+			free(buf);
+			close(fd);
+			return KILNC_EXIT_INPUT;
+		}
+		if (k == 0)
 			break;
 		len += (size_t)k;
 	}
 	close(fd);
 	int rc = kiln_rt_open(buf, len, out);
 	if (rc != KILN_RT_OK) {
-		fprintf(stderr, "kilnc: error: %s: %s\n", path, kiln_rt_strerror(rc));
+		open_failure(path, rc, buf, len);
 		free(buf);
 		return KILNC_EXIT_INPUT;
 	}
@@ -213,10 +257,13 @@ static void inspect_text(const kiln_rt *rt, const char *path, const unsigned cha
 	memcpy(&h, bytes, sizeof h);
 	char b1[32], b2[32], b3[32], b4[32], b5[32];
 	fmt_bytes(b1, sizeof b1, info.blob_bytes);
-	printf("%s: kiln plan blob %d.%d, %zu bytes (%s), CRC32C %08" PRIx32 " ok\n", path,
-	       info.major, info.minor, info.blob_bytes, b1, h.crc32c);
-	printf("model %s (hash %016" PRIx64 "), compiled by %s\n", info.model, info.model_hash,
-	       info.compiler);
+	/* Names in the blob are untrusted text: escaped, as is the path. */
+	char name[4096];
+	printf("%s: kiln plan blob %d.%d, %zu bytes (%s), CRC32C %08" PRIx32 " ok\n",
+	       esc(path, name, sizeof name), info.major, info.minor, info.blob_bytes, b1, h.crc32c);
+	printf("model %s (hash %016" PRIx64 ")", esc(info.model, name, sizeof name),
+	       info.model_hash);
+	printf(", compiled by %s\n", esc(info.compiler, name, sizeof name));
 	printf("%d stages, %d planned layers of %d, %d load buckets up to %gx, %d plans, %d "
 	       "templates\n\n",
 	       info.n_stages, info.n_layers, info.n_model_layers, info.n_buckets, info.max_factor,
@@ -259,8 +306,9 @@ static void inspect_text(const kiln_rt *rt, const char *path, const unsigned cha
 			char fl[64];
 			kiln_rt_unit_get(rt, reps[k], u, &ui);
 			unit_flags(ui.flags, fl, sizeof fl);
-			printf("  %-3d %-28s %-22s %14" PRIu64 " %14" PRIu64 "\n", u, ui.name, fl,
-			       ui.base_bytes, ui.per_row_bytes);
+			printf("  %-3d %-28s %-22s %14" PRIu64 " %14" PRIu64 "\n", u,
+			       esc(ui.name, name, sizeof name), fl, ui.base_bytes,
+			       ui.per_row_bytes);
 		}
 		printf("  %-6s %6s %10s %11s %7s %12s %12s\n", "bucket", "load", "max rows", "keep",
 		       "points", "max saving", "at cost");
@@ -287,8 +335,9 @@ static void inspect_text(const kiln_rt *rt, const char *path, const unsigned cha
 		for (int32_t i = 0; i < ti.n_tasks; i++) {
 			kiln_rt_task task;
 			kiln_rt_template_task(rt, t, i, &task);
-			printf("  %3d  chain %d  %-8s %-9s %s\n", i, task.chain, stream_name(task.stream),
-			       kind_name(task.kind), task.name);
+			printf("  %3d  chain %d  %-8s %-9s %s\n", i, task.chain,
+			       stream_name(task.stream), kind_name(task.kind),
+			       esc(task.name, name, sizeof name));
 		}
 	}
 }
@@ -304,9 +353,9 @@ static kiln_json *inspect_json(const kiln_rt *rt, const char *path, const unsign
 	kiln_json *doc = kiln_json_object();
 	kiln_json *blob = kiln_json_add_object(doc, "blob");
 	kiln_json_add_string(blob, "path", path);
-	kiln_json_add_number(blob, "major", info.major);
-	kiln_json_add_number(blob, "minor", info.minor);
-	kiln_json_add_number(blob, "bytes", (double)info.blob_bytes);
+	kiln_json_add_i64(blob, "major", info.major);
+	kiln_json_add_i64(blob, "minor", info.minor);
+	kiln_json_add_u64(blob, "bytes", info.blob_bytes);
 	snprintf(hex, sizeof hex, "%08" PRIx32, h.crc32c);
 	kiln_json_add_string(blob, "crc32c", hex);
 	kiln_json *secs = kiln_json_add_array(blob, "sections");
@@ -315,39 +364,39 @@ static kiln_json *inspect_json(const kiln_rt *rt, const char *path, const unsign
 		memcpy(&s, bytes + h.table_offset + i * sizeof s, sizeof s);
 		kiln_json *o = kiln_json_add_object(secs, NULL);
 		kiln_json_add_string(o, "name", section_name((int)s.id));
-		kiln_json_add_number(o, "offset", (double)s.offset);
-		kiln_json_add_number(o, "records", (double)s.count);
-		kiln_json_add_number(o, "bytes", (double)(s.count * s.record_bytes));
+		kiln_json_add_u64(o, "offset", s.offset);
+		kiln_json_add_u64(o, "records", s.count);
+		kiln_json_add_u64(o, "bytes", s.count * s.record_bytes);
 	}
 	kiln_json *model = kiln_json_add_object(doc, "model");
 	kiln_json_add_string(model, "name", info.model);
 	snprintf(hex, sizeof hex, "%016" PRIx64, info.model_hash);
 	kiln_json_add_string(model, "hash", hex);
 	kiln_json_add_string(model, "compiler", info.compiler);
-	kiln_json_add_number(model, "layers", info.n_model_layers);
+	kiln_json_add_i64(model, "layers", info.n_model_layers);
 	kiln_json_add_number(model, "max_factor", info.max_factor);
-	kiln_json_add_number(doc, "plans", kiln_rt_plan_count(rt));
-	kiln_json_add_number(doc, "templates", kiln_rt_template_count(rt));
+	kiln_json_add_i64(doc, "plans", kiln_rt_plan_count(rt));
+	kiln_json_add_i64(doc, "templates", kiln_rt_template_count(rt));
 	kiln_json *stages = kiln_json_add_array(doc, "stages");
 	for (int32_t s = 0; s < info.n_stages; s++) {
 		kiln_rt_stage_info si;
 		kiln_rt_stage_get(rt, s, &si);
 		kiln_json *o = kiln_json_add_object(stages, NULL);
-		kiln_json_add_number(o, "stage", s);
-		kiln_json_add_number(o, "capacity_bytes", (double)si.capacity_bytes);
-		kiln_json_add_number(o, "static_bytes", (double)si.static_bytes);
-		kiln_json_add_number(o, "fixed_bytes", (double)si.fixed_bytes);
-		kiln_json_add_number(o, "budget_bytes", (double)si.budget_bytes);
-		kiln_json_add_number(o, "steady_bytes", (double)si.steady_bytes);
-		kiln_json_add_number(o, "floor_bytes", (double)si.floor_bytes);
-		kiln_json_add_number(o, "transient_bytes", (double)si.transient_bytes);
+		kiln_json_add_i64(o, "stage", s);
+		kiln_json_add_u64(o, "capacity_bytes", si.capacity_bytes);
+		kiln_json_add_u64(o, "static_bytes", si.static_bytes);
+		kiln_json_add_u64(o, "fixed_bytes", si.fixed_bytes);
+		kiln_json_add_u64(o, "budget_bytes", si.budget_bytes);
+		kiln_json_add_u64(o, "steady_bytes", si.steady_bytes);
+		kiln_json_add_u64(o, "floor_bytes", si.floor_bytes);
+		kiln_json_add_u64(o, "transient_bytes", si.transient_bytes);
 		kiln_json_add_number(o, "inflight", si.inflight);
 		kiln_json_add_number(o, "safety_factor", si.safety_factor);
 		kiln_json *ls = kiln_json_add_array(o, "layers");
 		for (int32_t l = 0; l < info.n_model_layers; l++) {
 			kiln_rt_layer_info li;
 			if (kiln_rt_layer_get(rt, l, &li) == 0 && li.stage == s)
-				kiln_json_add_number(ls, NULL, l);
+				kiln_json_add_i64(ls, NULL, l);
 		}
 	}
 	kiln_json *kinds = kiln_json_add_array(doc, "layer_kinds");
@@ -361,19 +410,19 @@ static kiln_json *inspect_json(const kiln_rt *rt, const char *path, const unsign
 		kiln_rt_layer_info li;
 		kiln_rt_layer_get(rt, reps[k], &li);
 		kiln_json *o = kiln_json_add_object(kinds, NULL);
-		kiln_json_add_number(o, "stage", li.stage);
+		kiln_json_add_i64(o, "stage", li.stage);
 		kiln_json_add_string(o, "kind", li.moe ? "moe" : "dense");
-		kiln_json_add_number(o, "first_layer", reps[k]);
-		kiln_json_add_number(o, "balanced_rows", (double)li.balanced_rows);
+		kiln_json_add_i64(o, "first_layer", reps[k]);
+		kiln_json_add_u64(o, "balanced_rows", li.balanced_rows);
 		kiln_json *us = kiln_json_add_array(o, "units");
 		for (int32_t u = 0; u < li.n_units; u++) {
 			kiln_rt_unit_info ui;
 			kiln_rt_unit_get(rt, reps[k], u, &ui);
 			kiln_json *uo = kiln_json_add_object(us, NULL);
 			kiln_json_add_string(uo, "name", ui.name);
-			kiln_json_add_number(uo, "flags", ui.flags);
-			kiln_json_add_number(uo, "base_bytes", (double)ui.base_bytes);
-			kiln_json_add_number(uo, "per_row_bytes", (double)ui.per_row_bytes);
+			kiln_json_add_u64(uo, "flags", ui.flags);
+			kiln_json_add_u64(uo, "base_bytes", ui.base_bytes);
+			kiln_json_add_u64(uo, "per_row_bytes", ui.per_row_bytes);
 		}
 		kiln_json *ts = kiln_json_add_array(o, "tables");
 		for (int32_t b = 0; b < info.n_buckets; b++) {
@@ -381,17 +430,17 @@ static kiln_json *inspect_json(const kiln_rt *rt, const char *path, const unsign
 			kiln_rt_table_get(rt, reps[k], b, &ti);
 			kiln_json *to = kiln_json_add_object(ts, NULL);
 			kiln_json_add_number(to, "load_factor", ti.load_factor);
-			kiln_json_add_number(to, "max_rows", (double)ti.max_rows);
-			kiln_json_add_number(to, "quantum_bytes", (double)ti.quantum_bytes);
-			kiln_json_add_number(to, "keep_bytes", (double)ti.keep_bytes);
+			kiln_json_add_u64(to, "max_rows", ti.max_rows);
+			kiln_json_add_u64(to, "quantum_bytes", ti.quantum_bytes);
+			kiln_json_add_u64(to, "keep_bytes", ti.keep_bytes);
 			kiln_json *ps = kiln_json_add_array(to, "points");
 			for (int32_t i = 0; i < ti.n_points; i++) {
 				kiln_rt_point p;
 				kiln_rt_point_get(rt, reps[k], b, i, &p);
 				kiln_json *po = kiln_json_add_object(ps, NULL);
-				kiln_json_add_number(po, "saved_bytes", (double)p.saved_bytes);
+				kiln_json_add_u64(po, "saved_bytes", p.saved_bytes);
 				kiln_json_add_number(po, "exposed_us", p.exposed_us);
-				kiln_json_add_number(po, "plan", p.plan);
+				kiln_json_add_i64(po, "plan", p.plan);
 			}
 		}
 	}
@@ -406,14 +455,14 @@ static kiln_json *inspect_json(const kiln_rt *rt, const char *path, const unsign
 			kiln_json *as = kiln_json_add_array(po, "actions");
 			for (int32_t u = 0; u < nu; u++)
 				kiln_json_add_string(as, NULL, action_name(acts[u]));
-			kiln_json_add_number(po, "template", tpl);
+			kiln_json_add_i64(po, "template", tpl);
 		}
 		kiln_json *tl = kiln_json_add_array(doc, "template_list");
 		for (int32_t t = 0; t < kiln_rt_template_count(rt); t++) {
 			kiln_rt_template_info ti;
 			kiln_rt_template_get(rt, t, &ti);
 			kiln_json *to = kiln_json_add_object(tl, NULL);
-			kiln_json_add_number(to, "plan", ti.plan);
+			kiln_json_add_i64(to, "plan", ti.plan);
 			kiln_json_add_number(to, "load_factor", ti.load_factor);
 			kiln_json_add_number(to, "makespan_us", ti.makespan_us);
 			kiln_json_add_number(to, "serial_us", ti.serial_us);
@@ -426,16 +475,16 @@ static kiln_json *inspect_json(const kiln_rt *rt, const char *path, const unsign
 				kiln_json_add_string(xo, "name", task.name);
 				kiln_json_add_string(xo, "stream", stream_name(task.stream));
 				kiln_json_add_string(xo, "kind", kind_name(task.kind));
-				kiln_json_add_number(xo, "chain", task.chain);
-				kiln_json_add_number(xo, "unit", task.unit);
+				kiln_json_add_i64(xo, "chain", task.chain);
+				kiln_json_add_i64(xo, "unit", task.unit);
 			}
 			kiln_json *deps = kiln_json_add_array(to, "deps");
 			for (int32_t j = 0; j < ti.n_deps; j++) {
 				int32_t a, d;
 				kiln_rt_template_dep(rt, t, j, &a, &d);
 				kiln_json *pair = kiln_json_add_array(deps, NULL);
-				kiln_json_add_number(pair, NULL, a);
-				kiln_json_add_number(pair, NULL, d);
+				kiln_json_add_i64(pair, NULL, a);
+				kiln_json_add_i64(pair, NULL, d);
 			}
 		}
 	}
@@ -448,21 +497,27 @@ int kilnc_inspect(int argc, char **argv)
 	bool json = false, templates = false;
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
+		char eb[200], eb2[200]; /* arguments, escaped for a message */
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
 			return kilnc_help_blob("inspect"), KILNC_EXIT_OK;
-		if (strcmp(a, "--json") == 0) {
-			json = true;
-		} else if (strcmp(a, "--templates") == 0) {
-			templates = true;
+		int m = kilnc_flag("--json", a, &json);
+		if (m == 0)
+			m = kilnc_flag("--templates", a, &templates);
+		if (m == KILNC_EXIT_USAGE)
+			return m;
+		if (m) {
+			/* a flag */
 		} else if (a[0] == '-' && a[1]) {
-			fprintf(stderr, "kilnc: error: unknown option '%s' for 'inspect'\n", a);
+			fprintf(stderr, "kilnc: error: unknown option '%s' for 'inspect'\n",
+			        esc(a, eb, sizeof eb));
 			fprintf(stderr, "Try 'kilnc help inspect'.\n");
 			return KILNC_EXIT_USAGE;
 		} else if (!path) {
 			path = a;
 		} else {
-			fprintf(stderr, "kilnc: error: 'inspect' takes one PLAN, got '%s' and '%s'\n",
-			        path, a);
+			fprintf(stderr,
+			        "kilnc: error: 'inspect' takes one PLAN, got '%s' and '%s'\n",
+			        esc(path, eb, sizeof eb), esc(a, eb2, sizeof eb2));
 			return KILNC_EXIT_USAGE;
 		}
 	}
@@ -474,7 +529,7 @@ int kilnc_inspect(int argc, char **argv)
 	unsigned char *bytes;
 	size_t len;
 	kiln_rt *rt;
-	int rc = load_blob(path, &bytes, &len, &rt);
+	int rc = kilnc_blob_load(path, &bytes, &len, &rt);
 	if (rc != KILNC_EXIT_OK)
 		return rc;
 	if (json) {
@@ -495,64 +550,6 @@ int kilnc_inspect(int argc, char **argv)
 
 /* ---------------------------------------------------------------- select */
 
-/* Parses a non-negative integer with an optional binary suffix. */
-static int parse_bytes(const char *s, uint64_t *out)
-{
-	if (!s || !*s || *s == '-' || *s == '+')
-		return -1;
-	errno = 0;
-	char *end;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return -1;
-	uint64_t mul = 1;
-	if (*end) {
-		static const struct {
-			const char *suffix;
-			int shift;
-		} sfx[] = {{"B", 0},    {"K", 10},   {"KB", 10}, {"KiB", 10}, {"M", 20},
-		           {"MB", 20},  {"MiB", 20}, {"G", 30},  {"GB", 30},  {"GiB", 30},
-		           {"T", 40},   {"TB", 40},  {"TiB", 40}};
-		size_t i = 0, n = sizeof sfx / sizeof sfx[0];
-		while (i < n && strcmp(end, sfx[i].suffix) != 0)
-			i++;
-		if (i == n)
-			return -1;
-		mul = (uint64_t)1 << sfx[i].shift;
-	}
-	if (mul > 1 && v > UINT64_MAX / mul)
-		return -1;
-	*out = (uint64_t)v * mul;
-	return 0;
-}
-
-/* A plain non-negative decimal integer. */
-static int parse_count(const char *s, uint64_t *out)
-{
-	if (!s || *s < '0' || *s > '9')
-		return -1;
-	errno = 0;
-	char *end;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || *end)
-		return -1;
-	*out = (uint64_t)v;
-	return 0;
-}
-
-static int parse_i32(const char *s, int32_t *out)
-{
-	if (!s || !*s)
-		return -1;
-	errno = 0;
-	char *end;
-	long v = strtol(s, &end, 10);
-	if (errno || *end || v < INT32_MIN || v > INT32_MAX)
-		return -1;
-	*out = (int32_t)v;
-	return 0;
-}
-
 /* "a,b,c" into a malloc'd array of at most 1 << 20 counts. */
 static int parse_tokens(const char *s, uint32_t **out, int32_t *out_n)
 {
@@ -566,19 +563,15 @@ static int parse_tokens(const char *s, uint32_t **out, int32_t *out_n)
 		return -1;
 	const char *p = s;
 	for (int32_t i = 0; i < n; i++) {
-		char *end;
-		errno = 0;
-		if (*p < '0' || *p > '9') {
-			free(v);
-			return -1;
-		}
-		unsigned long x = strtoul(p, &end, 10);
-		if (errno || x > UINT32_MAX || (*end != ',' && *end != '\0')) {
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+		uint64_t x;
+		if (kiln_num_u64_parse(p, len, 0, UINT32_MAX, &x) != KILN_NUM_OK) {
 			free(v);
 			return -1;
 		}
 		v[i] = (uint32_t)x;
-		p = *end ? end + 1 : end;
+		p += len + (comma != NULL);
 	}
 	*out = v;
 	*out_n = n;
@@ -590,12 +583,6 @@ typedef struct select_args {
 	const char *stage, *layer, *tokens, *rows, *load, *free_arg, *pending;
 	bool json;
 } select_args;
-
-static int bad(const char *what, const char *v)
-{
-	fprintf(stderr, "kilnc: error: %s '%s'\nTry 'kilnc help select'.\n", what, v);
-	return KILNC_EXIT_USAGE;
-}
 
 int kilnc_select(int argc, char **argv)
 {
@@ -613,19 +600,23 @@ int kilnc_select(int argc, char **argv)
 			return m;
 		if (m)
 			continue;
+		char eb[200], eb2[200]; /* arguments, escaped for a message */
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
 			return kilnc_help_blob("select"), KILNC_EXIT_OK;
-		if (strcmp(a, "--json") == 0) {
-			o.json = true;
+		if ((m = kilnc_flag("--json", a, &o.json)) != 0) {
+			if (m == KILNC_EXIT_USAGE)
+				return m;
 		} else if (a[0] == '-' && a[1]) {
-			fprintf(stderr, "kilnc: error: unknown option '%s' for 'select'\n", a);
+			fprintf(stderr, "kilnc: error: unknown option '%s' for 'select'\n",
+			        esc(a, eb, sizeof eb));
 			fprintf(stderr, "Try 'kilnc help select'.\n");
 			return KILNC_EXIT_USAGE;
 		} else if (!o.path) {
 			o.path = a;
 		} else {
-			fprintf(stderr, "kilnc: error: 'select' takes one PLAN, got '%s' and '%s'\n",
-			        o.path, a);
+			fprintf(stderr,
+			        "kilnc: error: 'select' takes one PLAN, got '%s' and '%s'\n",
+			        esc(o.path, eb, sizeof eb), esc(a, eb2, sizeof eb2));
 			return KILNC_EXIT_USAGE;
 		}
 	}
@@ -637,35 +628,45 @@ int kilnc_select(int argc, char **argv)
 		return KILNC_EXIT_USAGE;
 	}
 	kiln_query q = {0};
+	int64_t stage, layer;
 	uint64_t pending = 0;
 	double load = 0;
-	if (parse_i32(o.stage, &q.stage) != 0)
-		return bad("--stage: not a stage number:", o.stage);
-	if (parse_i32(o.layer, &q.layer) != 0)
-		return bad("--layer: not a layer number:", o.layer);
-	if (parse_bytes(o.free_arg, &q.free_bytes) != 0 || q.free_bytes == KILN_RT_FREE_FROM_ACCOUNTING)
-		return bad("--free: not a byte count (e.g. 12G, 3500MiB, 1073741824):", o.free_arg);
-	if (o.pending && (parse_count(o.pending, &pending) != 0 || pending > 1000000))
-		return bad("--pending: not a micro-batch count:", o.pending);
-	q.pending = (uint32_t)pending;
-	if (o.rows && parse_count(o.rows, &q.total_rows) != 0)
-		return bad("--rows: not a row count:", o.rows);
-	if (o.load) {
-		char *end;
-		errno = 0;
-		load = strtod(o.load, &end);
-		if (errno || *end || !(load >= 0 && load <= 1e6))
-			return bad("--load-factor: not a load factor (0 to 1e6):", o.load);
+	if (kilnc_arg_i64("select", "--stage", o.stage, 0, INT32_MAX, &stage) ||
+	    kilnc_arg_i64("select", "--layer", o.layer, 0, INT32_MAX, &layer) ||
+	    kilnc_arg_bytes("select", "--free", o.free_arg, UINT64_MAX, &q.free_bytes) ||
+	    (o.pending && kilnc_arg_u64("select", "--pending", o.pending, 0, 1000000, &pending)) ||
+	    (o.rows && kilnc_arg_u64("select", "--rows", o.rows, 0, UINT64_MAX, &q.total_rows)) ||
+	    (o.load && kilnc_arg_f64("select", "--load-factor", o.load, 0, 1e6, &load)))
+		return KILNC_EXIT_USAGE;
+	if (q.free_bytes == KILN_RT_FREE_FROM_ACCOUNTING) {
+		kilnc_usage("select",
+		            "--free: %" PRIu64
+		            " is KILN_RT_FREE_FROM_ACCOUNTING, the value that asks "
+		            "kiln_rt_select to take free memory from the handle's accounting; the "
+		            "command line records no accounting, so give the device's free bytes "
+		            "(at most %" PRIu64 ")",
+		            q.free_bytes, KILN_RT_FREE_FROM_ACCOUNTING - 1);
+		return KILNC_EXIT_USAGE;
 	}
+	q.stage = (int32_t)stage;
+	q.layer = (int32_t)layer;
+	q.pending = (uint32_t)pending;
 	uint32_t *tokens = NULL;
-	if (o.tokens && parse_tokens(o.tokens, &tokens, &q.n_tokens) != 0)
-		return bad("--tokens: not a list of row counts (A,B,...):", o.tokens);
+	if (o.tokens && parse_tokens(o.tokens, &tokens, &q.n_tokens) != 0) {
+		char buf[200];
+		kilnc_usage("select",
+		            "--tokens: must be a list of integers from 0 to %u separated by commas "
+		            "(at most %d of them, no blanks), got '%s'",
+		            (unsigned)UINT32_MAX, 1 << 20,
+		            kiln_text_escape(o.tokens, strlen(o.tokens), sizeof buf, buf));
+		return KILNC_EXIT_USAGE;
+	}
 	q.tokens = tokens;
 
 	unsigned char *bytes;
 	size_t len;
 	kiln_rt *rt;
-	int rc = load_blob(o.path, &bytes, &len, &rt);
+	int rc = kilnc_blob_load(o.path, &bytes, &len, &rt);
 	if (rc != KILNC_EXIT_OK) {
 		free(tokens);
 		return rc;
@@ -674,13 +675,16 @@ int kilnc_select(int argc, char **argv)
 	kiln_rt_info info;
 	kiln_rt_info_get(rt, &info);
 	kiln_plan plan;
+	char name[4096];
 	if (kiln_rt_layer_get(rt, q.layer, &li) != 0 || li.stage != q.stage) {
 		if (q.stage < 0 || q.stage >= info.n_stages)
 			fprintf(stderr, "kilnc: error: --stage %d: the plan has stages 0 to %d\n", q.stage,
 			        info.n_stages - 1);
 		else if (kiln_rt_layer_get(rt, q.layer, &li) != 0)
-			fprintf(stderr, "kilnc: error: --layer %d: not a planned layer of %s (0 to %d)\n",
-			        q.layer, info.model, info.n_model_layers - 1);
+			fprintf(stderr,
+			        "kilnc: error: --layer %d: not a planned layer of %s (0 to %d)\n",
+			        q.layer, esc(info.model, name, sizeof name),
+			        info.n_model_layers - 1);
 		else
 			fprintf(stderr, "kilnc: error: --layer %d runs on stage %d, not %d\n", q.layer,
 			        li.stage, q.stage);
@@ -705,21 +709,21 @@ int kilnc_select(int argc, char **argv)
 	kiln_rt_table_get(rt, q.layer, plan.bucket, &ti);
 	if (o.json) {
 		kiln_json *doc = kiln_json_object();
-		kiln_json_add_number(doc, "stage", q.stage);
-		kiln_json_add_number(doc, "layer", q.layer);
+		kiln_json_add_i64(doc, "stage", q.stage);
+		kiln_json_add_i64(doc, "layer", q.layer);
 		kiln_json_add_string(doc, "kind", li.moe ? "moe" : "dense");
-		kiln_json_add_number(doc, "rows", (double)rows);
+		kiln_json_add_u64(doc, "rows", rows);
 		kiln_json_add_number(doc, "load_factor", plan.load_factor);
-		kiln_json_add_number(doc, "bucket", plan.bucket);
+		kiln_json_add_i64(doc, "bucket", plan.bucket);
 		kiln_json_add_number(doc, "bucket_load_factor", ti.load_factor);
-		kiln_json_add_number(doc, "free_bytes", (double)q.free_bytes);
-		kiln_json_add_number(doc, "avail_bytes", (double)plan.avail_bytes);
-		kiln_json_add_number(doc, "need_bytes", (double)plan.need_bytes);
-		kiln_json_add_number(doc, "saved_bytes", (double)plan.saved_bytes);
-		kiln_json_add_number(doc, "resident_bytes", (double)plan.resident_bytes);
+		kiln_json_add_u64(doc, "free_bytes", q.free_bytes);
+		kiln_json_add_u64(doc, "avail_bytes", plan.avail_bytes);
+		kiln_json_add_u64(doc, "need_bytes", plan.need_bytes);
+		kiln_json_add_u64(doc, "saved_bytes", plan.saved_bytes);
+		kiln_json_add_u64(doc, "resident_bytes", plan.resident_bytes);
 		kiln_json_add_number(doc, "exposed_us", plan.exposed_us);
-		kiln_json_add_number(doc, "plan", plan.plan);
-		kiln_json_add_number(doc, "template", plan.template_id);
+		kiln_json_add_i64(doc, "plan", plan.plan);
+		kiln_json_add_i64(doc, "template", plan.template_id);
 		kiln_json_add_bool(doc, "over_budget", plan.flags & KILN_PLAN_OVER_BUDGET);
 		kiln_json_add_bool(doc, "load_beyond", plan.flags & KILN_PLAN_LOAD_BEYOND);
 		kiln_json *us = kiln_json_add_array(doc, "units");
@@ -729,7 +733,7 @@ int kilnc_select(int argc, char **argv)
 			kiln_json *uo = kiln_json_add_object(us, NULL);
 			kiln_json_add_string(uo, "name", ui.name);
 			kiln_json_add_string(uo, "action", action_name(plan.actions[u]));
-			kiln_json_add_number(uo, "bytes", (double)kiln_rt_unit_bytes(rt, q.layer, u, rows));
+			kiln_json_add_u64(uo, "bytes", kiln_rt_unit_bytes(rt, q.layer, u, rows));
 		}
 		if (kiln_json_write(doc, stdout) == KILN_JSON_ENOMEM) {
 			/* A failed write is reported by main's finish_output. */
@@ -764,7 +768,8 @@ int kilnc_select(int argc, char **argv)
 		for (int32_t u = 0; u < plan.n_units; u++) {
 			kiln_rt_unit_info ui;
 			kiln_rt_unit_get(rt, q.layer, u, &ui);
-			printf("  %-3d %-28s %-10s %14" PRIu64 "\n", u, ui.name, action_name(plan.actions[u]),
+			printf("  %-3d %-28s %-10s %14" PRIu64 "\n", u,
+			       esc(ui.name, name, sizeof name), action_name(plan.actions[u]),
 			       kiln_rt_unit_bytes(rt, q.layer, u, rows));
 		}
 	}

@@ -4,8 +4,10 @@
  * 3 infeasible plan (from `compile`).
  */
 #include <errno.h>
-#include <math.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,10 +159,18 @@ static const char HELP_VIZ[] =
     "kiln's MLIR (each problem on stderr as PLAN:LINE:COL: error: MESSAGE);\n"
     "2 on a usage error (no -o, an extension other than .svg or .json).\n";
 
+/* s escaped for the terminal (kiln_text_escape) into buf of cap bytes. */
+static const char *shown(const char *s, char *buf, size_t cap)
+{
+	return kiln_text_escape(s, strlen(s), cap, buf);
+}
+
+/* "kilnc: error: " fmt, with arg (from the command line) escaped. */
 static void usage_error(const char *fmt, const char *arg)
 {
+	char buf[200];
 	fputs("kilnc: error: ", stderr);
-	fprintf(stderr, fmt, arg);
+	fprintf(stderr, fmt, shown(arg, buf, sizeof buf));
 	fputs("\nTry 'kilnc --help'.\n", stderr);
 }
 
@@ -227,6 +237,77 @@ int kilnc_option_value(const char *name, int argc, char **argv, int *i, const ch
 	return 1;
 }
 
+int kilnc_flag(const char *name, const char *arg, bool *flag)
+{
+	if (strcmp(arg, name) != 0)
+		return 0;
+	if (*flag) {
+		usage_error("%s given twice", name);
+		return EXIT_USAGE;
+	}
+	*flag = true;
+	return 1;
+}
+
+void kilnc_usage(const char *cmd, const char *fmt, ...)
+{
+	va_list ap;
+	fputs("kilnc: error: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\nTry 'kilnc help %s'.\n", cmd);
+}
+
+int kilnc_arg_i64(const char *cmd, const char *opt, const char *v, int64_t lo, int64_t hi,
+                  int64_t *out)
+{
+	if (kiln_num_i64_parse(v, strlen(v), lo, hi, out) == KILN_NUM_OK)
+		return EXIT_OK;
+	char buf[200];
+	kilnc_usage(cmd, "%s: must be an integer from %" PRId64 " to %" PRId64 ", got '%s'", opt,
+	            lo, hi, shown(v, buf, sizeof buf));
+	return EXIT_USAGE;
+}
+
+int kilnc_arg_u64(const char *cmd, const char *opt, const char *v, uint64_t lo, uint64_t hi,
+                  uint64_t *out)
+{
+	if (kiln_num_u64_parse(v, strlen(v), lo, hi, out) == KILN_NUM_OK)
+		return EXIT_OK;
+	char buf[200];
+	kilnc_usage(cmd, "%s: must be an integer from %" PRIu64 " to %" PRIu64 ", got '%s'", opt,
+	            lo, hi, shown(v, buf, sizeof buf));
+	return EXIT_USAGE;
+}
+
+int kilnc_arg_f64(const char *cmd, const char *opt, const char *v, double lo, double hi,
+                  double *out)
+{
+	if (kiln_num_f64_parse(v, strlen(v), lo, hi, out) == KILN_NUM_OK)
+		return EXIT_OK;
+	char buf[200];
+	kilnc_usage(cmd, "%s: must be a decimal number from %.15g to %.15g, got '%s'", opt, lo, hi,
+	            shown(v, buf, sizeof buf));
+	return EXIT_USAGE;
+}
+
+int kilnc_arg_bytes(const char *cmd, const char *opt, const char *v, uint64_t hi, uint64_t *out)
+{
+	uint64_t b;
+	if (kiln_num_bytes_parse(v, strlen(v), &b) == KILN_NUM_OK && b <= hi) {
+		*out = b;
+		return EXIT_OK;
+	}
+	char buf[200];
+	kilnc_usage(cmd,
+	            "%s: must be a byte count from 0 to %" PRIu64 ": digits with an optional "
+	            "suffix K, M, G or T (powers of 1024; KiB, KB, ... alike; B for bytes), as in "
+	            "12G or 3500MiB; got '%s'",
+	            opt, hi, shown(v, buf, sizeof buf));
+	return EXIT_USAGE;
+}
+
 /* Parses the arguments after the command name. Returns 0 or EXIT_USAGE. */
 static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, bool allow_dump,
                       options *out)
@@ -235,33 +316,27 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 	memset(out, 0, sizeof *out);
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
+		char eb[200]; /* a value, escaped for a message */
+		int m = 0;
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
 			out->help = true;
-		} else if (allow_json && strcmp(a, "--json") == 0) {
-			out->json = true;
-		} else if (allow_dump && strncmp(a, "--dump-after=", 13) == 0) {
-			out->dump_after = a + 13;
-		} else if (allow_dump && strcmp(a, "--dump-after") == 0) {
-			if (i + 1 >= argc) {
-				usage_error("%s needs a pass name", a);
+		} else if (allow_json && (m = kilnc_flag("--json", a, &out->json)) != 0) {
+			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
-			}
-			out->dump_after = argv[++i];
-		} else if (allow_solver && (strcmp(a, "--solver") == 0 || strncmp(a, "--solver=", 9) == 0)) {
-			if (a[8] == '=') {
-				out->solver = a + 9;
-			} else if (i + 1 < argc) {
-				out->solver = argv[++i];
-			} else {
-				usage_error("%s needs dp or milp", a);
+		} else if (allow_dump && (m = kilnc_option_value("--dump-after", argc, argv, &i,
+		                                                 &out->dump_after)) != 0) {
+			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
-			}
+		} else if (allow_solver && (m = kilnc_option_value("--solver", argc, argv, &i,
+		                                                   &out->solver)) != 0) {
+			if (m == EXIT_USAGE)
+				return EXIT_USAGE;
 			if (strcmp(out->solver, "dp") != 0 && strcmp(out->solver, "milp") != 0) {
 				usage_error("--solver must be dp or milp, got '%s'", out->solver);
 				return EXIT_USAGE;
 			}
 		} else if (allow_solver && strncmp(a, "--emit-", 7) == 0) {
-			int m = kilnc_option_value("--emit-mlir", argc, argv, &i, &out->emit_mlir);
+			m = kilnc_option_value("--emit-mlir", argc, argv, &i, &out->emit_mlir);
 			if (m == 0)
 				m = kilnc_option_value("--emit-trace", argc, argv, &i, &out->emit_trace);
 			if (m == 0)
@@ -269,7 +344,8 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 			if (m == 0) {
-				fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n", a, cmd);
+				fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n",
+				        shown(a, eb, sizeof eb), cmd);
 				fprintf(stderr, "Try 'kilnc help %s'.\n", cmd);
 				return EXIT_USAGE;
 			}
@@ -284,22 +360,25 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 			}
 			out->blob = argv[++i];
 		} else if (allow_solver && strncmp(a, "--output", 8) == 0) {
-			int m = kilnc_option_value("--output", argc, argv, &i, &out->blob);
+			m = kilnc_option_value("--output", argc, argv, &i, &out->blob);
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 			if (m == 0) {
-				fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n", a, cmd);
+				fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n",
+				        shown(a, eb, sizeof eb), cmd);
 				return EXIT_USAGE;
 			}
 		} else if (a[0] == '-' && a[1] != '\0') {
-			fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n", a, cmd);
+			fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n",
+			        shown(a, eb, sizeof eb), cmd);
 			fprintf(stderr, "Try 'kilnc help %s'.\n", cmd);
 			return EXIT_USAGE;
 		} else if (!out->model) {
 			out->model = a;
 		} else {
-			fprintf(stderr, "kilnc: error: '%s' takes one MODEL, got '%s' and '%s'\n", cmd,
-			        out->model, a);
+			char eb2[200];
+			fprintf(stderr, "kilnc: error: '%s' takes one MODEL, got '%s' and '%s'\n",
+			        cmd, shown(out->model, eb, sizeof eb), shown(a, eb2, sizeof eb2));
 			return EXIT_USAGE;
 		}
 	}
@@ -574,7 +653,7 @@ static int read_plan_file(const char *path, char **out, size_t *out_len)
 	/* O_NONBLOCK: a FIFO must not hang us before fstat refuses it. */
 	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0) {
-		fprintf(stderr, "kilnc: error: cannot open %s: %s\n", path, strerror(errno));
+		fprintf(stderr, "kilnc: error: %s: cannot open: %s\n", path, strerror(errno));
 		return EXIT_INPUT;
 	}
 	struct stat st;
@@ -601,7 +680,8 @@ static int read_plan_file(const char *path, char **out, size_t *out_len)
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k < 0) {
-			fprintf(stderr, "kilnc: error: reading %s: %s\n", path, strerror(errno));
+			fprintf(stderr, "kilnc: error: %s: cannot read: %s\n", path,
+			        strerror(errno));
 			free(buf);
 			close(fd);
 			return EXIT_INPUT;
@@ -670,6 +750,7 @@ static int cmd_viz(int argc, char **argv)
 	bool help = false;
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
+		char eb[200]; /* a value, escaped for a message */
 		int m;
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
 			help = true;
@@ -687,14 +768,16 @@ static int cmd_viz(int argc, char **argv)
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 		} else if (a[0] == '-' && a[1] != '\0') {
-			fprintf(stderr, "kilnc: error: unknown option '%s' for 'viz'\n", a);
+			fprintf(stderr, "kilnc: error: unknown option '%s' for 'viz'\n",
+			        shown(a, eb, sizeof eb));
 			fprintf(stderr, "Try 'kilnc help viz'.\n");
 			return EXIT_USAGE;
 		} else if (!plan) {
 			plan = a;
 		} else {
-			fprintf(stderr, "kilnc: error: 'viz' takes one PLAN, got '%s' and '%s'\n", plan,
-			        a);
+			char eb2[200];
+			fprintf(stderr, "kilnc: error: 'viz' takes one PLAN, got '%s' and '%s'\n",
+			        shown(plan, eb, sizeof eb), shown(a, eb2, sizeof eb2));
 			return EXIT_USAGE;
 		}
 	}
@@ -820,9 +903,19 @@ int main(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	const char *cmd = argv[1];
-	if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0)
+	bool help = strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0;
+	bool version = strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0;
+	if ((help || version) && argc > 2) {
+		char buf[200];
+		fprintf(stderr, "kilnc: error: '%s' takes no arguments, got '%s'%s\n", cmd,
+		        shown(argv[2], buf, sizeof buf),
+		        help ? " (one command's help: kilnc help COMMAND)" : "");
+		fputs("Try 'kilnc --help'.\n", stderr);
+		return EXIT_USAGE;
+	}
+	if (help)
 		return finish_output(print_help(NULL));
-	if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
+	if (version) {
 		printf("kilnc %s\n", KILN_VERSION);
 		return finish_output(EXIT_OK);
 	}

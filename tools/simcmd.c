@@ -1,6 +1,7 @@
 /* tools/simcmd.c: `kilnc simulate`, the policies side by side on one load
  * pattern (sim/, docs/simulator.md). */
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -65,25 +66,14 @@ int kilnc_help_simulate(void)
 	return 0;
 }
 
+/* "kilnc: error: " fmt, with arg (from the command line) escaped. */
 static int usage(const char *fmt, const char *arg)
 {
+	char buf[512];
 	fputs("kilnc: error: ", stderr);
-	fprintf(stderr, fmt, arg);
+	fprintf(stderr, fmt, kiln_text_escape(arg, strlen(arg), sizeof buf, buf));
 	fputs("\nTry 'kilnc help simulate'.\n", stderr);
 	return KILNC_EXIT_USAGE;
-}
-
-static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-	if (!s || !*s)
-		return -1;
-	errno = 0;
-	char *end;
-	long long v = strtoll(s, &end, 10);
-	if (errno || *end || v < lo || v > hi)
-		return -1;
-	*out = v;
-	return 0;
 }
 
 /* Compiles m (with or without offloading) and builds its blob and handle. */
@@ -204,11 +194,11 @@ int kilnc_simulate(int argc, char **argv)
 			continue;
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
 			return kilnc_help_simulate();
-		if (strcmp(a, "--json") == 0)
-			json = true;
-		else if (strcmp(a, "--exact") == 0)
-			exact = true;
-		else if (a[0] == '-' && a[1])
+		if ((m = kilnc_flag("--json", a, &json)) != 0 ||
+		    (m = kilnc_flag("--exact", a, &exact)) != 0) {
+			if (m == KILNC_EXIT_USAGE)
+				return m;
+		} else if (a[0] == '-' && a[1])
 			return usage("unknown option '%s' for 'simulate'", a);
 		else if (!model)
 			model = a;
@@ -246,23 +236,16 @@ int kilnc_simulate(int argc, char **argv)
 	}
 	for (int32_t j = 0; j < n; j++)
 		need_no_offload |= kinds[j] == KILN_SIM_KILN_NO_OFFLOAD;
-	int64_t n_iters = 100, n_seed = 1, n_groups = 0, n_ckpt = 100;
+	int64_t n_iters = 100, n_groups = 0, n_ckpt = 100;
+	uint64_t n_seed = 1;
 	double restart_s = 284;
-	if (iters && parse_int(iters, 1, 100000000, &n_iters) != 0)
-		return usage("--iters: not an iteration count (1 to 1e8): '%s'", iters);
-	if (seed && parse_int(seed, 0, INT64_MAX, &n_seed) != 0)
-		return usage("--seed: not a non-negative integer: '%s'", seed);
-	if (groups && parse_int(groups, 1, 1000000, &n_groups) != 0)
-		return usage("--groups: not a group count: '%s'", groups);
-	if (ckpt && parse_int(ckpt, 1, 100000000, &n_ckpt) != 0)
-		return usage("--checkpoint-every: not an iteration count: '%s'", ckpt);
-	if (restart) {
-		char *end;
-		errno = 0;
-		restart_s = strtod(restart, &end);
-		if (errno || *end || !(restart_s >= 0 && restart_s <= 1e9))
-			return usage("--restart-s: not a number of seconds: '%s'", restart);
-	}
+	if ((iters && kilnc_arg_i64("simulate", "--iters", iters, 1, 100000000, &n_iters)) ||
+	    (seed && kilnc_arg_u64("simulate", "--seed", seed, 0, UINT64_MAX, &n_seed)) ||
+	    (groups && kilnc_arg_i64("simulate", "--groups", groups, 1, 1000000, &n_groups)) ||
+	    (ckpt &&
+	     kilnc_arg_i64("simulate", "--checkpoint-every", ckpt, 1, 100000000, &n_ckpt)) ||
+	    (restart && kilnc_arg_f64("simulate", "--restart-s", restart, 0, 1e9, &restart_s)))
+		return KILNC_EXIT_USAGE;
 
 	/* The output rule; a --loads that names no file is a profile (paper). */
 	struct stat st;
@@ -277,7 +260,7 @@ int kilnc_simulate(int argc, char **argv)
 	kiln_arena *a = kiln_arena_new(), *a2 = kiln_arena_new();
 	kiln_model *m = NULL;
 	kiln_compilation c, c2;
-	unsigned char *blob = NULL, *blob2 = NULL;
+	unsigned char *blob = NULL, *blob2 = NULL, *file_bytes = NULL;
 	kiln_rt *rt = NULL, *rt2 = NULL, *file_rt = NULL;
 	kiln_load_profile *prof = NULL;
 	kiln_sim_result *res = NULL;
@@ -296,7 +279,7 @@ int kilnc_simulate(int argc, char **argv)
 		goto out;
 	rc = KILNC_EXIT_INPUT;
 	if (emit_loads) {
-		load_csv lc = {.profile = prof, .seed = (uint64_t)n_seed, .iterations = n_iters};
+		load_csv lc = {.profile = prof, .seed = n_seed, .iterations = n_iters};
 		kiln_sim_load_shape(&c, &lc.shape);
 		if (kiln_out_write("kilnc", emit_loads, fill_loads, &lc, stderr) != 0)
 			goto out;
@@ -306,18 +289,20 @@ int kilnc_simulate(int argc, char **argv)
 		}
 	}
 	if (plan) {
-		int orc = kiln_rt_open_file(plan, &file_rt);
-		if (orc != 0) {
-			fprintf(stderr, "kilnc: error: %s: %s\n", plan, kiln_rt_strerror(orc));
+		size_t file_len;
+		if (kilnc_blob_load(plan, &file_bytes, &file_len, &file_rt) != 0)
 			goto out;
-		}
 		kiln_rt_info fi;
 		kiln_rt_info_get(file_rt, &fi);
+		char pb[1024], mb[1024], cb[256];
+		kiln_text_escape(plan, strlen(plan), sizeof pb, pb);
+		kiln_text_escape(model, strlen(model), sizeof mb, mb);
+		kiln_text_escape(fi.compiler, strlen(fi.compiler), sizeof cb, cb);
 		if (fi.model_hash != kiln_blob_model_hash(m)) {
 			fprintf(stderr,
-			        "kilnc: error: %s was compiled from another description than %s (model hash "
-			        "%016llx, expected %016llx)\n",
-			        plan, model, (unsigned long long)fi.model_hash,
+			        "kilnc: error: %s was compiled from another description than %s "
+			        "(model hash %016llx, expected %016llx)\n",
+			        pb, mb, (unsigned long long)fi.model_hash,
 			        (unsigned long long)kiln_blob_model_hash(m));
 			goto out;
 		}
@@ -325,9 +310,9 @@ int kilnc_simulate(int argc, char **argv)
 		kiln_rt_info_get(rt, &ci);
 		if (fi.n_buckets != ci.n_buckets || strcmp(fi.compiler, ci.compiler) != 0) {
 			fprintf(stderr,
-			        "kilnc: error: %s was written by %s with %d load buckets; this kilnc (%s) "
-			        "plans with %d: compile the plan again\n",
-			        plan, fi.compiler, fi.n_buckets, ci.compiler, ci.n_buckets);
+			        "kilnc: error: %s was written by %s with %d load buckets; this "
+			        "kilnc (%s) plans with %d: compile the plan again\n",
+			        pb, cb, fi.n_buckets, ci.compiler, ci.n_buckets);
 			goto out;
 		}
 	}
@@ -343,7 +328,7 @@ int kilnc_simulate(int argc, char **argv)
 	                       .rt_no_offload = rt2,
 	                       .loads = prof,
 	                       .iterations = n_iters,
-	                       .seed = (uint64_t)n_seed,
+	                       .seed = n_seed,
 	                       .restart_s = restart_s,
 	                       .checkpoint_every = n_ckpt,
 	                       .exact = exact,
@@ -362,12 +347,12 @@ int kilnc_simulate(int argc, char **argv)
 		kiln_json *doc = kiln_json_object();
 		kiln_json_add_string(doc, "model", m->name);
 		kiln_json_add_string(doc, "loads", prof->name);
-		kiln_json_add_number(doc, "iterations", (double)n_iters);
-		kiln_json_add_number(doc, "seed", (double)n_seed);
+		kiln_json_add_i64(doc, "iterations", n_iters);
+		kiln_json_add_u64(doc, "seed", n_seed);
 		kiln_json_add_bool(doc, "exact", exact);
 		kiln_json_add_number(doc, "restart_s", restart_s);
-		kiln_json_add_number(doc, "checkpoint_every", (double)n_ckpt);
-		kiln_json_add_number(doc, "groups", (double)n_groups); /* 0: all */
+		kiln_json_add_i64(doc, "checkpoint_every", n_ckpt);
+		kiln_json_add_i64(doc, "groups", n_groups); /* 0: all */
 		kiln_json *ps = kiln_json_add_array(doc, "policies");
 		for (int32_t k = 0; k < n; k++) {
 			const kiln_sim_result *r = &res[k];
@@ -381,11 +366,11 @@ int kilnc_simulate(int argc, char **argv)
 			kiln_json_add_number(o, "total_s", r->total_s);
 			kiln_json_add_number(o, "mfu", r->mfu);
 			kiln_json_add_number(o, "hfu", r->hfu);
-			kiln_json_add_number(o, "ooms", (double)r->ooms);
+			kiln_json_add_i64(o, "ooms", r->ooms);
 			kiln_json_add_number(o, "oom_lost_s", r->oom_lost_s);
 			kiln_json_add_number(o, "exposed_recompute_s", r->recompute_s);
 			kiln_json_add_number(o, "exposed_copy_s", r->copy_s);
-			kiln_json_add_number(o, "over_budget_decisions", (double)r->over_budget);
+			kiln_json_add_i64(o, "over_budget_decisions", r->over_budget);
 			kiln_json *pk = kiln_json_add_array(o, "peak_bytes");
 			for (int32_t s = 0; s < r->n_stages; s++)
 				kiln_json_add_number(pk, NULL, r->peak_bytes[s]);
@@ -399,8 +384,12 @@ int kilnc_simulate(int argc, char **argv)
 			goto out;
 		}
 	} else {
-		printf("%s: %lld iterations, loads %s (seed %lld), %s\n", m->name, (long long)n_iters,
-		       prof->name, (long long)n_seed,
+		/* The name comes from the description, the profile maybe from a path. */
+		char nb[1024], lb[1024];
+		printf("%s: %lld iterations, loads %s (seed %" PRIu64 "), %s\n",
+		       kiln_text_escape(m->name, strlen(m->name), sizeof nb, nb),
+		       (long long)n_iters,
+		       kiln_text_escape(prof->name, strlen(prof->name), sizeof lb, lb), n_seed,
 		       exact ? "every EP rank followed" : "statistical method (docs/simulator.md)");
 		printf("\n%-28s %12s %7s %10s %6s %6s %5s %10s %10s %9s %9s\n", "policy", "tokens/s",
 		       "vs full", "iter s", "MFU", "HFU", "OOMs", "lost s", "recomp s", "copy s",
@@ -432,6 +421,7 @@ out:
 	kiln_rt_close(rt);
 	kiln_rt_close(rt2);
 	kiln_rt_close(file_rt);
+	free(file_bytes);
 	free(blob);
 	free(blob2);
 	kiln_arena_free(a);

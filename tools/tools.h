@@ -2,6 +2,10 @@
 #ifndef KILN_TOOLS_H
 #define KILN_TOOLS_H
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
 #include "tools/output.h"
 
 /* Exit status (docs/cli.md). */
@@ -12,6 +16,34 @@ enum { KILNC_EXIT_OK = 0, KILNC_EXIT_INPUT = 1, KILNC_EXIT_USAGE = 2, KILNC_EXIT
  * KILNC_EXIT_USAGE (reported on stderr) when V is missing or empty or NAME
  * was given before. */
 int kilnc_option_value(const char *name, int argc, char **argv, int *i, const char **out);
+/* kilnc.c: matches the flag NAME at arg and sets *flag. Returns 1 when
+ * matched, 0 when not, and KILNC_EXIT_USAGE (reported) when *flag was set
+ * already: every option of kilnc is given at most once (docs/cli.md). */
+int kilnc_flag(const char *name, const char *arg, bool *flag);
+/* kilnc.c: "kilnc: error: MESSAGE" and "Try 'kilnc help CMD'." on stderr. */
+void kilnc_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* kilnc.c: the value v of option opt of command cmd, read by the rules of
+ * docs/cli.md, "Numbers" (kiln_num_*_parse in ir/ir.h). Each sets *out and
+ * returns 0, or reports "kilnc: error: OPT: must be ... from LO to HI, got
+ * 'V'" and returns KILNC_EXIT_USAGE. Bounds are inclusive; a byte count's
+ * lower bound is 0. */
+int kilnc_arg_i64(const char *cmd, const char *opt, const char *v, int64_t lo, int64_t hi,
+                  int64_t *out);
+int kilnc_arg_u64(const char *cmd, const char *opt, const char *v, uint64_t lo, uint64_t hi,
+                  uint64_t *out);
+int kilnc_arg_f64(const char *cmd, const char *opt, const char *v, double lo, double hi,
+                  double *out);
+int kilnc_arg_bytes(const char *cmd, const char *opt, const char *v, uint64_t hi, uint64_t *out);
+
+/* blobcmd.c: reads the plan blob file at path into an 8-aligned malloc'd
+ * buffer (*out_bytes, *out_len, the caller frees it after closing *out) and
+ * opens it with kiln_rt_open. Returns 0, or KILNC_EXIT_INPUT after
+ * reporting "kilnc: error: PATH: REASON" (a blob of another version names
+ * both versions). */
+struct kiln_rt;
+int kilnc_blob_load(const char *path, unsigned char **out_bytes, size_t *out_len,
+                    struct kiln_rt **out);
 
 /* kilnc.c: the output rule's check (tools/output.h) of a command's outputs
  * against its inputs and, once the description is loaded (m not NULL), the

@@ -26,6 +26,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { N_MICROBATCHES = 6, SPIKE_MB = 3, MAX_LAYERS = 64 };
 static const double SPIKE_FACTOR = 2.5;
@@ -210,7 +211,15 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	static sim s;
-	s.stage = argc > 2 ? atoi(argv[2]) : 0;
+	/* STAGE: decimal digits, as kilnc reads numbers (atoi made "x" stage 0). */
+	const char *st = argc > 2 ? argv[2] : "0";
+	size_t digits = strspn(st, "0123456789");
+	if (digits == 0 || digits > 9 || st[digits] != '\0') {
+		fprintf(stderr, "%s: STAGE must be a stage number (0 to 999999999), got '%s'\n",
+		        argv[0], st);
+		return 2;
+	}
+	s.stage = atoi(st);
 
 	/* Opening validates the whole blob once; afterwards no call allocates. */
 	int rc = kiln_rt_open_file(argv[1], &s.rt);

@@ -1200,6 +1200,7 @@ static uint64_t train_step(trainer *tr)
 /* ---------------------------------------------------------------- load traces */
 
 static _Noreturn void fail_all(int code, const char *fmt, ...);
+static int number_text(const char *s, size_t len, int integer);
 
 /* Reads --loads FILE (every rank reads it alike). Rows for micro-batches or
  * ranks beyond this trainer's are ignored, as the simulator ignores ranks
@@ -1246,7 +1247,17 @@ static void read_loads(trainer *tr)
 		long long it, mb, layer, rank;
 		double fac;
 		int used = 0;
-		if (sscanf(p, "%lld ,%lld ,%lld ,%lld ,%lf %n", &it, &mb, &layer, &rank, &fac,
+		/* %lf also reads hex floats (0x1p1): the factor must be decimal. */
+		const char *fp = p;
+		for (int c = 0; c < 4 && fp; c++)
+			fp = strchr(fp, ',') ? strchr(fp, ',') + 1 : NULL;
+		size_t fl = 0;
+		while (fp && (*fp == ' ' || *fp == '\t'))
+			fp++;
+		while (fp && fp[fl] && !strchr(" \t\r\n", fp[fl]))
+			fl++;
+		if (!fp || !number_text(fp, fl, 0) ||
+		    sscanf(p, "%lld ,%lld ,%lld ,%lld ,%lf %n", &it, &mb, &layer, &rank, &fac,
 		           &used) != 5 ||
 		    p[used] || it < 0 || it > (1LL << 40) || mb < 0 || mb > INT32_MAX ||
 		    layer < 0 || layer > 1023 || rank < 0 || rank > INT32_MAX ||
@@ -1556,32 +1567,80 @@ static const char usage[] =
     "2 bad arguments, 3 out of memory (the arena overflowed),\n"
     "4 the gradient check failed.\n";
 
+/* Whether s[0..len) is a number as kilnc reads them (docs/cli.md,
+ * "Numbers"): [+-]digits for an integer, [+-](digits[.[digits]] | .digits)
+ * [(e|E)[+-]digits] otherwise; no blanks around it, no hex, inf or nan.
+ * The trainer builds against the runtime alone, so it keeps its own copy
+ * of the rule (kilnc's is ir/text.c). */
+static int number_text(const char *s, size_t len, int integer)
+{
+	size_t i = 0, digits = 0;
+	if (i < len && (s[i] == '+' || s[i] == '-'))
+		i++;
+	while (i < len && s[i] >= '0' && s[i] <= '9')
+		i++, digits++;
+	if (integer)
+		return digits > 0 && i == len;
+	if (i < len && s[i] == '.')
+		for (i++; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+			digits++;
+	if (!digits)
+		return 0;
+	if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+		size_t exp = 0;
+		if (++i < len && (s[i] == '+' || s[i] == '-'))
+			i++;
+		for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+			exp++;
+		if (!exp)
+			return 0;
+	}
+	return i == len;
+}
+
+/* A byte count as kilnc's --free takes it: digits, then optionally one of
+ * B, K, KB, KiB, M, ..., TiB (powers of 1024). */
 static uint64_t parse_bytes(const char *s, const char *flag)
 {
-	char *end;
+	static const struct {
+		const char *suffix;
+		int shift;
+	} sfx[] = {{"", 0},     {"B", 0},   {"K", 10},   {"KB", 10}, {"KiB", 10},
+	           {"M", 20},   {"MB", 20}, {"MiB", 20}, {"G", 30},  {"GB", 30},
+	           {"GiB", 30}, {"T", 40},  {"TB", 40},  {"TiB", 40}};
+	size_t digits = 0;
+	while (s[digits] >= '0' && s[digits] <= '9')
+		digits++;
+	size_t k = 0, n = sizeof sfx / sizeof sfx[0];
+	while (k < n && strcmp(s + digits, sfx[k].suffix) != 0)
+		k++;
 	errno = 0;
-	double v = strtod(s, &end);
-	double mul = 1;
-	if (*end == 'K' || *end == 'k')
-		mul = 1024.0, end++;
-	else if (*end == 'M' || *end == 'm')
-		mul = 1024.0 * 1024, end++;
-	else if (*end == 'G' || *end == 'g')
-		mul = 1024.0 * 1024 * 1024, end++;
-	if (errno || end == s || *end || !(v * mul >= 1) || v * mul > 1e15)
-		fail_all(EXIT_USAGE, "%s wants a positive byte count (e.g. 4M), got '%s'", flag, s);
-	return (uint64_t)(v * mul);
+	unsigned long long v = digits && k < n ? strtoull(s, NULL, 10) : 0;
+	if (errno || v == 0 || v > (1ull << 50) >> sfx[k < n ? k : 0].shift)
+		fail_all(
+		    EXIT_USAGE,
+		    "%s wants a positive byte count up to 2^50: digits with an optional suffix "
+		    "K, M, G or T (e.g. 4M), got '%s'",
+		    flag, s);
+	return (uint64_t)v << sfx[k].shift;
 }
 
 static long parse_int(const char *s, const char *flag, long lo, long hi)
 {
-	char *end;
+	int ok = number_text(s, strlen(s), 1);
 	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
+	long v = ok ? strtol(s, NULL, 10) : 0;
+	if (!ok || errno || v < lo || v > hi)
 		fail_all(EXIT_USAGE, "%s wants an integer in [%ld, %ld], got '%s'", flag, lo, hi,
 		         s);
 	return v;
+}
+
+/* A decimal number (number_text), or -1 when s is not one; callers check
+ * their range, which excludes -1. */
+static double parse_decimal(const char *s)
+{
+	return number_text(s, strlen(s), 0) ? strtod(s, NULL) : -1;
 }
 
 static void parse_spike(options *o, const char *arg)
@@ -1595,10 +1654,8 @@ static void parse_spike(options *o, const char *arg)
 		fail_all(EXIT_USAGE,
 		         "--spike wants STEPS:FRACTION:EXPERTS (e.g. 3,7:0.9:0+1), got '%s'", arg);
 	*c1 = *c2 = '\0';
-	char *end;
-	errno = 0;
-	double f = strtod(c1 + 1, &end);
-	if (errno || end == c1 + 1 || *end || !(f >= 0 && f <= 1))
+	double f = parse_decimal(c1 + 1);
+	if (!(f >= 0 && f <= 1))
 		fail_all(EXIT_USAGE, "--spike fraction must lie in [0, 1], got '%s'", c1 + 1);
 	spike sp = {.fraction = (float)f};
 	char *e = c2 + 1;
@@ -1633,6 +1690,7 @@ static void parse_args(options *o, int argc, char **argv, int rank)
 	               .seed = 1,
 	               .data = "/usr/share/common-licenses/GPL-3",
 	               .lr = 0.003f};
+	unsigned seen = 0; /* bit k: the option names[k] below was given */
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -1641,6 +1699,20 @@ static void parse_args(options *o, int argc, char **argv, int rank)
 			o->steps = -1;
 			return;
 		}
+		/* Every option but --spike at most once (docs/trainer.md). */
+		static const char *const names[] = {"--plan",      "--policy", "--arena", "--steps",
+		                                    "--seed",      "--spike",  "--data",  "--log",
+		                                    "--unit-log",  "--lr",     "--loads", "--quiet",
+		                                    "--grad-check"};
+		enum { N_NAMES = sizeof names / sizeof *names };
+		size_t k = 0;
+		while (k < N_NAMES && strcmp(a, names[k]) != 0)
+			k++;
+		if (k == N_NAMES)
+			fail_all(EXIT_USAGE, "unknown option '%s' (see --help)", a);
+		if ((seen >> k & 1u) && strcmp(a, "--spike") != 0)
+			fail_all(EXIT_USAGE, "%s given twice", a);
+		seen |= 1u << k;
 		if (!strcmp(a, "--quiet")) {
 			o->quiet = 1;
 			continue;
@@ -1649,14 +1721,6 @@ static void parse_args(options *o, int argc, char **argv, int rank)
 			o->grad_check = 1;
 			continue;
 		}
-		static const char *const with_value[] = {
-		    "--plan", "--policy", "--arena",    "--steps", "--seed", "--spike",
-		    "--data", "--log",    "--unit-log", "--lr",    "--loads"};
-		int known = 0;
-		for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
-			known |= !strcmp(a, with_value[k]);
-		if (!known)
-			fail_all(EXIT_USAGE, "unknown option '%s' (see --help)", a);
 		if (i + 1 >= argc)
 			fail_all(EXIT_USAGE, "%s needs a value", a);
 		const char *v = argv[++i];
@@ -1689,10 +1753,8 @@ static void parse_args(options *o, int argc, char **argv, int rank)
 		else if (!strcmp(a, "--loads"))
 			o->loads = v;
 		else if (!strcmp(a, "--lr")) {
-			char *end;
-			errno = 0;
-			double x = strtod(v, &end);
-			if (errno || end == v || *end || !(x > 0 && x < 1))
+			double x = parse_decimal(v);
+			if (!(x > 0 && x < 1))
 				fail_all(EXIT_USAGE, "--lr wants a number in (0, 1), got '%s'", v);
 			o->lr = (float)x;
 		}

@@ -1,0 +1,68 @@
+/* tests/test_json.c: codegen/json.c, the JSON writer every --json output
+ * goes through: integers exactly, past 2^53 too. Expected texts are the
+ * numbers written out by hand. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+
+/* doc as text (caller frees). */
+static char *text_of(kiln_json *doc)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert_not_null(f);
+	cr_assert_eq(kiln_json_write(doc, f), 0);
+	fclose(f);
+	return buf;
+}
+
+Test(json, integers_are_exact_past_2_to_the_53)
+{
+	kiln_json *doc = kiln_json_object();
+	kiln_json_add_u64(doc, "max_u64", UINT64_MAX);
+	kiln_json_add_u64(doc, "two53_plus_1", ((uint64_t)1 << 53) + 1);
+	kiln_json_add_i64(doc, "min_i64", INT64_MIN);
+	kiln_json_add_i64(doc, "minus_one", -1);
+	kiln_json *arr = kiln_json_add_array(doc, "list");
+	kiln_json_add_u64(arr, NULL, 0);
+	kiln_json_add_i64(arr, NULL, 42);
+	char *t = text_of(doc);
+	cr_assert_not_null(strstr(t, "\"max_u64\":\t18446744073709551615,"), "%s", t);
+	cr_assert_not_null(strstr(t, "\"two53_plus_1\":\t9007199254740993,"), "%s", t);
+	cr_assert_not_null(strstr(t, "\"min_i64\":\t-9223372036854775808,"), "%s", t);
+	cr_assert_not_null(strstr(t, "\"minus_one\":\t-1,"), "%s", t);
+	cr_assert_not_null(strstr(t, "\"list\":\t[0, 42]"), "%s", t);
+	/* And it is still JSON. */
+	kiln_json *back = kiln_json_parse(t, strlen(t));
+	cr_assert_not_null(back);
+	cr_assert_eq(kiln_json_number(kiln_json_get(back, "minus_one")), -1.0);
+	kiln_json_free(back);
+	free(t);
+	kiln_json_free(doc);
+}
+
+/* A figure the compiler keeps as a double but that holds an integer (bytes)
+ * is written in integer notation: %.17g would write 1e+15. Fractions and
+ * magnitudes of 10^19 and up keep the shortest exact form. */
+Test(json, integral_doubles_in_integer_notation)
+{
+	kiln_json *doc = kiln_json_object();
+	kiln_json_add_number(doc, "peta", 1e15);
+	kiln_json_add_number(doc, "big", 1234567890123456768.0); /* 2^60 + ..., exact */
+	kiln_json_add_number(doc, "half", 0.5);
+	kiln_json_add_number(doc, "huge", 1e20);
+	kiln_json_add_number(doc, "third", 1.0 / 3.0); /* 16 digits read back exactly */
+	char *t = text_of(doc);
+	cr_assert_not_null(strstr(t, "\"peta\":\t1000000000000000,"), "%s", t);
+	cr_assert_not_null(strstr(t, "\"big\":\t1234567890123456768,"), "%s", t);
+	cr_assert_not_null(strstr(t, "\"half\":\t0.5,"), "%s", t);
+	cr_assert_not_null(strstr(t, "\"huge\":\t1e+20,"), "%s", t);
+	cr_assert_not_null(strstr(t, "\"third\":\t0.3333333333333333\n"), "%s", t);
+	free(t);
+	kiln_json_free(doc);
+}
