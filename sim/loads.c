@@ -885,6 +885,10 @@ static int parse_rows(tparse *t, const char *text, size_t len, int64_t first_lin
 			bad |= parse_value(t, line, i, next_field(&c, l.e), &v) != 0;
 			sum += v;
 		}
+		if (!bad && !isfinite(sum)) {
+			terr(t, line, "the value columns sum past the largest number\n");
+			bad = 1;
+		}
 		if (bad)
 			continue;
 		trace_row *r = &rows[n++];

@@ -64,6 +64,7 @@ typedef struct world {
 	int32_t p, m, v;
 	int32_t n_moe;   /* MoE layers of the model */
 	int32_t ep, groups;
+	double r_max;  /* the largest load factor routing can produce (sample_share clamps to it) */
 	size_t stride; /* scratch entries per (stage, micro-batch): 2 per layer of the largest stage */
 	kiln_load_shape shape;
 	double tokens_per_iter, model_flops, peak_flops;
@@ -74,13 +75,23 @@ static double interp(const double *grid, double n_max, double n)
 	if (!(n_max > 0))
 		return grid[0];
 	double x = n / n_max * (GRID - 1);
-	if (x <= 0)
+	if (!(x > 0)) /* NaN too */
 		return grid[0];
-	int k = (int)x;
-	if (k >= GRID - 1) /* beyond the grid: extend its last segment */
-		k = GRID - 2;
+	/* Beyond the grid: extend its last segment. x is compared before it
+	 * is converted, so no load, however large, makes an out-of-range int. */
+	int k = x < GRID - 1 ? (int)x : GRID - 2;
 	double f = x - k;
 	return grid[k] + (grid[k + 1] - grid[k]) * f;
+}
+
+/* Bytes or rows as the runtime's 64-bit fields take them: NaN and
+ * negatives 0, anything at or past 2^64 saturated (a plain conversion of
+ * such a double is undefined). */
+static uint64_t u64_sat(double x)
+{
+	if (!(x > 0))
+		return 0;
+	return x < 0x1p64 ? (uint64_t)x : UINT64_MAX;
 }
 
 void kiln_sim_load_shape(const kiln_compilation *c, kiln_load_shape *out)
@@ -94,12 +105,23 @@ void kiln_sim_load_shape(const kiln_compilation *c, kiln_load_shape *out)
 	double n_bal = 0;
 	for (int32_t l = 0; l < g->n_layers && n_bal == 0; l++)
 		n_bal = g->layers[l].n_balanced;
-	*out = (kiln_load_shape){.ep = ep,
-	                         .experts_per_rank = m->moe ? (int32_t)(m->experts / m->ep) : 1,
-	                         .top_k = (int32_t)top_k,
-	                         .tokens = (int64_t)(n_bal / top_k * ep),
-	                         .microbatches = (int32_t)m->micro_batches,
-	                         .layers = n_moe};
+	*out = (kiln_load_shape){
+	    .ep = ep,
+	    .experts_per_rank = m->moe ? (int32_t)(m->experts / m->ep) : 1,
+	    .top_k = (int32_t)top_k,
+	    .tokens = (int64_t)(n_bal / top_k * ep),
+	    /* Saturated, never truncated; kiln_sim_run refuses
+	     * counts it cannot represent. */
+	    .microbatches = m->micro_batches > INT32_MAX ? INT32_MAX : (int32_t)m->micro_batches,
+	    .layers = n_moe};
+}
+
+double kiln_sim_load_factor_max(const kiln_load_shape *s)
+{
+	if (s->ep <= 1 || s->top_k < 1)
+		return 1.0;
+	int32_t k = s->top_k < s->experts_per_rank ? s->top_k : s->experts_per_rank;
+	return (double)s->ep * (double)k / (double)s->top_k;
 }
 
 static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
@@ -109,7 +131,7 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 	memset(w, 0, sizeof *w);
 	w->c = c;
 	w->p = g->n_stages;
-	w->m = (int32_t)m->micro_batches;
+	w->m = (int32_t)m->micro_batches; /* checked by kiln_sim_run */
 	w->v = m->schedule == KILN_SCHED_INTERLEAVED && m->vpp > 1 ? (int32_t)m->vpp : 1;
 	w->ep = m->moe ? (int32_t)m->ep : 1;
 	w->groups = m->moe ? (int32_t)(m->dp * m->tp / m->ep) : 1;
@@ -178,6 +200,7 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 			li->moe_index = k;
 		}
 	kiln_sim_load_shape(c, &w->shape);
+	w->r_max = kiln_sim_load_factor_max(&w->shape);
 	kiln_cost_iteration it;
 	kiln_cost_iteration_estimate(g, 1.0, &it);
 	w->model_flops = it.model_flops;
@@ -243,8 +266,9 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
 		for (int32_t i = 0; i < w->m; i++) {
 			/* The micro-batch leaving the window has run its backward. */
 			if (sc->acct && i - si->window >= 0 &&
-			    kiln_rt_acct_record(sc->acct, (uint32_t)(i - si->window), KILN_ACCT_FREED,
-			                        (uint64_t)sc->held[i - si->window]) != 0)
+			    kiln_rt_acct_record(sc->acct, (uint32_t)(i - si->window),
+			                        KILN_ACCT_FREED,
+			                        u64_sat(sc->held[i - si->window])) != 0)
 				sc->acct_mismatches++;
 			/* In flight beside micro-batch i: the window before it. */
 			double others = 0;
@@ -253,8 +277,8 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
 					others += sc->held[j];
 			uint32_t pending = i < si->window - 1 ? (uint32_t)(si->window - 1 - i) : 0;
 			double cur = ceil(si->fixed_bytes - 1e-6), transient = 0;
-			if (sc->acct &&
-			    kiln_rt_acct_record(sc->acct, (uint32_t)i, KILN_ACCT_PRODUCED, (uint64_t)cur) != 0)
+			if (sc->acct && kiln_rt_acct_record(sc->acct, (uint32_t)i,
+			                                    KILN_ACCT_PRODUCED, u64_sat(cur)) != 0)
 				sc->acct_mismatches++;
 			for (int32_t l = 0; l < si->n_layers; l++) {
 				const layer_info *li = &si->layers[l];
@@ -294,8 +318,9 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
 					cur += ch.resident_bytes;
 					if (sc->acct) {
 						kiln_acct ac;
-						kiln_rt_acct_record(sc->acct, (uint32_t)i, KILN_ACCT_PRODUCED,
-						                    (uint64_t)ch.resident_bytes);
+						kiln_rt_acct_record(sc->acct, (uint32_t)i,
+						                    KILN_ACCT_PRODUCED,
+						                    u64_sat(ch.resident_bytes));
 						kiln_rt_acct_get(sc->acct, &ac);
 						sc->acct_checks++;
 						sc->acct_mismatches += (double)ac.device_bytes != others + cur;
@@ -395,10 +420,15 @@ static void sample_share(run *r, int32_t t, int64_t it, int32_t g)
 	for (int32_t i = t; i < w->m; i += r->threads)
 		for (int32_t k = 0; k < w->n_moe; k++) {
 			double *v = &r->loads[((size_t)i * w->n_moe + k) * w->ep];
-			if (cfg->c->model->moe)
-				kiln_load_sample(cfg->loads, &w->shape, cfg->seed, it, i, k, g, v);
-			else
+			if (!cfg->c->model->moe) {
 				v[0] = 1;
+				continue;
+			}
+			kiln_load_sample(cfg->loads, &w->shape, cfg->seed, it, i, k, g, v);
+			/* A trace can ask for any factor; no rank receives more rows
+			 * than routing can send it (docs/simulator.md, "Traces"). */
+			for (int32_t x = 0; x < w->ep; x++)
+				v[x] = v[x] >= 0 ? (v[x] < w->r_max ? v[x] : w->r_max) : 0;
 		}
 	envelope_rows(w, r->loads, t, r->threads, r->top, r->mean);
 }
@@ -477,7 +507,19 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 	                      .p = w->p, .m = w->m, .v = w->v,
 	                      .fwd_us = sc->fwd, .bwd_us = sc->bwd};
 	kiln_pipe_result pr;
-	if (!pa || kiln_pipe_simulate(&pwk, pa, r->err, &pr) != 0) {
+	if (!pa || kiln_pipe_simulate(&pwk, pa, NULL, &pr) != 0) {
+		/* Once more for the message, prefixed as every simulate error. */
+		char *msg = NULL;
+		size_t len = 0;
+		FILE *m = pa ? open_memstream(&msg, &len) : NULL;
+		if (m) {
+			kiln_pipe_simulate(&pwk, pa, m, &pr);
+			fclose(m);
+		}
+		fprintf(r->err, "kilnc: error: simulate: iteration %lld: %s%s", (long long)it,
+		        msg && len ? msg : "out of memory\n",
+		        msg && len && msg[len - 1] == '\n' ? "" : "\n");
+		free(msg);
 		kiln_arena_free(pa);
 		return -1;
 	}
@@ -590,11 +632,40 @@ static void scratch_free(scratch *sc)
 	free(sc->peak);
 }
 
+/* 0 when c's counts fit the simulator's (32-bit micro-batch indices, as the
+ * runtime's queries take them; 2 * p * v * m pipeline ops in an int32), else
+ * -1 with a message: never a silent truncation. The frontend's limit
+ * (KILN_FRONTEND_MAX_MICRO_BATCHES) keeps descriptions well inside. */
+static int check_counts(const kiln_compilation *c, FILE *err)
+{
+	const kiln_model *m = c->model;
+	int64_t v = m->schedule == KILN_SCHED_INTERLEAVED && m->vpp > 1 ? m->vpp : 1;
+	int64_t p = c->graph->n_stages, mb = m->micro_batches;
+	if (mb < 1 || mb > INT32_MAX) {
+		fprintf(err,
+		        "kilnc: error: simulate: %lld micro-batches per iteration; the simulator "
+		        "takes 1 to %d\n",
+		        (long long)mb, INT32_MAX);
+		return -1;
+	}
+	if (v > INT32_MAX / 2 / p || mb > INT32_MAX / (2 * p * v)) {
+		fprintf(err,
+		        "kilnc: error: simulate: the pipeline schedule has 2 * p * v * m = 2 * "
+		        "%lld * %lld * %lld ops, over the limit of %d\n",
+		        (long long)p, (long long)v, (long long)mb, INT32_MAX);
+		return -1;
+	}
+	return 0;
+}
+
 int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policies, int32_t n,
                  kiln_arena *a, FILE *err, kiln_sim_result *out)
 {
 	world w, w2;
 	const kiln_compilation *c = cfg->c;
+	if (check_counts(c, err) != 0 ||
+	    (cfg->c_no_offload && check_counts(cfg->c_no_offload, err)))
+		return -1;
 	if (build_world(c, a, &w) != 0) {
 		fprintf(err, "kilnc: error: simulate: out of memory\n");
 		return -1;

@@ -109,6 +109,14 @@ void kiln_load_trace_describe(const kiln_load_trace *t, kiln_load_trace_info *ou
  * batches per iteration and MoE layers. */
 void kiln_sim_load_shape(const struct kiln_compilation *c, kiln_load_shape *out);
 
+/* The largest load factor routing can produce on one rank of shape s: every
+ * token sends its top_k rows to distinct experts, at most
+ * min(top_k, experts_per_rank) of them on one rank, so a rank receives at
+ * most tokens * min(top_k, experts_per_rank) rows against tokens * top_k /
+ * ep balanced: ep * min(top_k, experts_per_rank) / top_k (1 for ep 1). The
+ * simulator clamps every sampled factor to [0, this]. */
+double kiln_sim_load_factor_max(const kiln_load_shape *s);
+
 /* ---------------------------------------------------------------- pipeline.c */
 
 typedef enum { KILN_PIPE_1F1B, KILN_PIPE_INTERLEAVED } kiln_pipe_kind;
