@@ -80,12 +80,28 @@ void kiln_load_sample(const kiln_load_profile *p, const kiln_load_shape *shape, 
                       int64_t iteration, int32_t microbatch, int32_t layer, int32_t group,
                       double *out);
 
+/* What a CSV trace may hold, for the reader (kiln_load_parse) and the
+ * writer (kiln_load_write_csv) alike: a regular file of at most this many
+ * bytes and data rows. */
+#define KILN_LOAD_TRACE_MAX_BYTES ((int64_t)256 << 20)
+#define KILN_LOAD_TRACE_MAX_ROWS 10000000
+
 /* Writes the samples of p for group 0 as a CSV trace (docs/simulator.md,
- * "Traces"): header iteration,microbatch,layer,rank,factor, then one row per
- * (iteration below iterations, micro-batch, MoE layer, EP rank) of shape,
- * factors printed exactly (%.17g). Returns 0, or -1 when writing failed. */
+ * "Traces"): a comment line, the header iteration,microbatch,layer,rank,factor,
+ * then one row per (iteration below iterations, micro-batch, MoE layer, EP
+ * rank) of shape, factors printed exactly (%.17g). Returns 0, or -1 when
+ * writing failed or the rows exceed KILN_LOAD_TRACE_MAX_ROWS (nothing is
+ * written then). */
 int kiln_load_write_csv(const kiln_load_profile *p, const kiln_load_shape *shape, uint64_t seed,
                         int64_t iterations, FILE *f);
+/* The data rows kiln_load_write_csv writes: iterations x micro-batches x
+ * MoE layers x EP ranks of shape, INT64_MAX when that overflows. O(1). */
+int64_t kiln_load_csv_rows(const kiln_load_shape *shape, int64_t iterations);
+/* The exact bytes kiln_load_write_csv writes, found by formatting every row
+ * without writing it; -1 when the rows exceed KILN_LOAD_TRACE_MAX_ROWS (so
+ * the count costs at most that many rows) or the shape cannot be written. */
+int64_t kiln_load_csv_bytes(const kiln_load_profile *p, const kiln_load_shape *shape, uint64_t seed,
+                            int64_t iterations);
 
 /* What a parsed trace covers: the iterations first_iteration ..
  * first_iteration + iterations - 1 (replayed modulo iterations), layer
@@ -101,6 +117,17 @@ typedef struct kiln_load_trace_info {
 
 /* Describes t (borrowed) into *out. */
 void kiln_load_trace_describe(const kiln_load_trace *t, kiln_load_trace_info *out);
+
+/* Checks t against the shape it replays on (docs/simulator.md, "Traces
+ * checked against the model") and reports on err as "PATH:LINE: warning:
+ * ..." (the replay goes on: rows it ignores, token counts that do not add up
+ * to the routed rows, factors that do not average 1 or exceed what routing
+ * can produce, iterations, micro-batches and ranks left out) or "PATH:LINE:
+ * error: ..." (a replay would be meaningless: more token columns than
+ * experts per rank, no row within the shape). One line per kind of
+ * finding, its first occurrence with a count. Returns the number of errors.
+ * O(rows). */
+int kiln_load_trace_check(const kiln_load_trace *t, const kiln_load_shape *shape, FILE *err);
 
 /* ---------------------------------------------------------------- sim.c (shape) */
 

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "codegen/codegen.h"
@@ -418,4 +419,179 @@ Test(sim, cli_table_json_and_errors)
 	kt_run_free(&r);
 	unlink(other);
 	free(other);
+}
+
+/* Writes text to a temporary .csv trace; the caller unlinks and frees. */
+static char *trace_of(const char *text)
+{
+	return kt_temp_file(".csv", text, strlen(text));
+}
+
+/* tiny: ep 4, 2 experts per rank, top-2, so routing puts at most
+ * min(2, 2) / 2 * 4 = 4x the balanced rows on one rank (1,024 tokens of a
+ * micro-batch entering the group, 512 balanced rows per rank). A trace
+ * asking for a factor of 1e9, 1e308 (whose rows overflow a double) or
+ * 1e12 tokens is replayed as a factor of 4: the very simulation a trace
+ * giving 4 makes, for every policy, and never an out-of-range conversion
+ * (before, a SIGSEGV). */
+Test(sim, trace_loads_beyond_routing_replay_as_the_routing_maximum, .timeout = 300)
+{
+	fixture f;
+	setup(&f, "examples/models/tiny.yaml");
+	static const char *const texts[] = {
+	    "iteration,microbatch,layer,rank,factor\n0,1,2,3,4\n",
+	    "iteration,microbatch,layer,rank,factor\n0,1,2,3,1e9\n",
+	    "iteration,microbatch,layer,rank,factor\n0,1,2,3,1e308\n",
+	    "iteration,microbatch,layer,rank,e0,e1\n0,1,2,3,1e12,0\n",
+	};
+	kiln_sim_result r[4][KILN_SIM_POLICY_COUNT];
+	char *paths[4];
+	for (int t = 0; t < 4; t++) {
+		paths[t] = trace_of(texts[t]);
+		run(&f, paths[t], 3, 1, r[t]);
+	}
+	for (int t = 1; t < 4; t++)
+		for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
+			const char *name = kiln_sim_policy_name((kiln_sim_policy_kind)k);
+			cr_expect_eq(r[t][k].tokens_per_s, r[0][k].tokens_per_s, "%s: %s", texts[t],
+			             name);
+			cr_expect_eq(r[t][k].ooms, r[0][k].ooms, "%s: %s", texts[t], name);
+			for (int32_t s = 0; s < r[0][k].n_stages; s++)
+				cr_expect_eq(r[t][k].peak_bytes[s], r[0][k].peak_bytes[s], "%s: %s",
+				             texts[t], name);
+		}
+	/* The factor 4 is a real spike: unbounded holds more than at load 1. */
+	kiln_sim_result bal[KILN_SIM_POLICY_COUNT];
+	run(&f, "balanced", 3, 1, bal);
+	cr_expect_gt(r[0][KILN_SIM_UNBOUNDED].peak_bytes[1], bal[KILN_SIM_UNBOUNDED].peak_bytes[1]);
+	/* The command replays them too, with a warning naming the line. */
+	kt_run x = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                          "--policy", "all", "--iters", "2", "--loads",
+	                                          paths[3], NULL},
+	                    NULL);
+	cr_expect_eq(x.status, 0, "%s", x.err);
+	char want[512];
+	snprintf(want, sizeof want,
+	         "%s:2: warning: 1000000000000 tokens make load factor 1.95312e+09, more than "
+	         "routing can put on one rank",
+	         paths[3]);
+	cr_expect_not_null(strstr(x.err, want), "%s", x.err);
+	kt_run_free(&x);
+	for (int t = 0; t < 4; t++) {
+		unlink(paths[t]);
+		free(paths[t]);
+	}
+	teardown(&f);
+}
+
+/* A compilation built past the frontend (which allows 2^20 micro-batches)
+ * with 2^32 + 4 of them: the simulator refuses it with a prefixed message,
+ * never simulates 4 (the count cut to 32 bits). */
+Test(sim, micro_batch_counts_are_never_truncated)
+{
+	kt_model t;
+	kt_model_init(&t);
+	t.m.global_batch = ((int64_t)1 << 32) + 4;
+	kt_model_finish(&t);
+	cr_assert_eq(t.m.micro_batches, ((int64_t)1 << 32) + 4);
+	kiln_arena *a = kiln_arena_new();
+	kiln_compilation c = {.model = &t.m, .arena = a};
+	cr_assert_eq(kiln_pipeline_compile(&c, NULL, NULL, NULL, stderr), 0);
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse("balanced", 2.0, a, stderr, &prof), 0);
+	kiln_sim_config cfg = {.c = &c, .loads = prof, .iterations = 1, .restart_s = 284};
+	kiln_sim_policy_kind k = KILN_SIM_UNBOUNDED;
+	kiln_sim_result res;
+	char *msg = NULL;
+	size_t len = 0;
+	FILE *err = open_memstream(&msg, &len);
+	cr_assert_not_null(err);
+	int rc = kiln_sim_run(&cfg, &k, 1, a, err, &res);
+	fclose(err);
+	cr_expect_eq(rc, -1);
+	cr_expect_str_eq(msg, "kilnc: error: simulate: 4294967300 micro-batches per iteration; the "
+	                      "simulator takes 1 to 2147483647\n");
+	free(msg);
+	kiln_arena_free(a);
+}
+
+/* --emit-loads writes nothing --loads would refuse, and says so before
+ * writing anything (exit 2). tiny: 4 micro-batches x 7 MoE layers x 4
+ * ranks = 112 rows per iteration, so 90,000 iterations are 10,080,000 rows
+ * (over 10,000,000) and 10^8 are 11,200,000,000 (which would fill a disk
+ * rather than finish); 80,000 are 8,960,000 rows of at least 28 bytes each
+ * ("7xxxx,m,l,r," is 12 and a 17-digit factor 16 more), over 256 MiB. The
+ * byte count is exact: the file of 3 iterations is as long as it says. */
+Test(sim, emitted_loads_stay_within_what_loads_reads, .timeout = 120)
+{
+	char *path = kt_temp_file(".csv", "", 0);
+	unlink(path);
+	const char *tiny = kt_src("examples/models/tiny.yaml");
+	kt_run r = kt_kilnc(
+	    (const char *const[]){"simulate", tiny, "--iters", "90000", "--emit-loads", path, NULL},
+	    NULL);
+	cr_expect_eq(r.status, 2, "%s", r.err);
+	cr_expect_not_null(strstr(r.err, "90000 iterations x 4 micro-batches x 7 MoE layers x 4 EP "
+	                                 "ranks = 10080000 rows, over the 10000000 rows --loads "
+	                                 "reads; use --iters 89285 or fewer"),
+	                   "%s", r.err);
+	cr_expect_neq(access(path, F_OK), 0, "a file was written");
+	kt_run_free(&r);
+	r = kt_kilnc((const char *const[]){"simulate", tiny, "--iters", "100000000", "--emit-loads",
+	                                   path, "--policy", "kiln", NULL},
+	             NULL);
+	cr_expect_eq(r.status, 2, "%s", r.err);
+	cr_expect_not_null(strstr(r.err, "= 11200000000 rows, over the 10000000 rows"), "%s",
+	                   r.err);
+	cr_expect_neq(access(path, F_OK), 0, "a file was written");
+	kt_run_free(&r);
+	r = kt_kilnc(
+	    (const char *const[]){"simulate", tiny, "--iters", "80000", "--emit-loads", path, NULL},
+	    NULL);
+	cr_expect_eq(r.status, 2, "%s", r.err);
+	cr_expect_not_null(strstr(r.err, "8960000 rows make "), "%s", r.err);
+	cr_expect_not_null(strstr(r.err, "bytes, over the 268435456 bytes (256 MiB) --loads reads"),
+	                   "%s", r.err);
+	cr_expect_neq(access(path, F_OK), 0, "a file was written");
+	kt_run_free(&r);
+	/* Exact: what kiln_load_csv_bytes counts is what is written. */
+	fixture f;
+	setup(&f, "examples/models/tiny.yaml");
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse("paper", 3.0, f.a, stderr, &prof), 0);
+	kiln_load_shape shape;
+	kiln_sim_load_shape(&f.c, &shape);
+	cr_expect_eq(kiln_load_csv_rows(&shape, 3), 3 * 112);
+	r = kt_kilnc(
+	    (const char *const[]){"simulate", tiny, "--iters", "3", "--emit-loads", path, NULL},
+	    NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	struct stat st;
+	cr_assert_eq(stat(path, &st), 0);
+	cr_expect_eq(kiln_load_csv_bytes(prof, &shape, 1, 3), (int64_t)st.st_size);
+	teardown(&f);
+	unlink(path);
+	free(path);
+}
+
+/* A trace recorded with another expert layout (three token columns; tiny
+ * has two experts per rank) is bad input: exit 1 with the line. */
+Test(sim, trace_of_another_layout_is_refused)
+{
+	char *path = trace_of("iteration,microbatch,layer,rank,e0,e1,e2\n0,0,0,0,1,2,3\n");
+	kt_run r = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                          "--policy", "kiln", "--loads", path, NULL},
+	                    NULL);
+	cr_expect_eq(r.status, 1, "%s", r.err);
+	char want[512];
+	snprintf(want, sizeof want,
+	         "%s:1: error: the header has 3 per-expert token columns, but the model has 2 "
+	         "experts per EP rank (ep 4)",
+	         path);
+	cr_expect_not_null(strstr(r.err, want), "%s", r.err);
+	cr_expect_eq(r.out_len, 0, "%s", r.out);
+	kt_run_free(&r);
+	unlink(path);
+	free(path);
 }

@@ -156,6 +156,53 @@ static int fill_loads(FILE *f, void *ctx)
 	return kiln_load_write_csv(lc->profile, &lc->shape, lc->seed, lc->iterations, f);
 }
 
+/* Whether --emit-loads fits what --loads reads back (KILN_LOAD_TRACE_MAX_ROWS
+ * and _BYTES), checked before anything is written: the rows from the shape,
+ * then the exact bytes by formatting them. KILNC_EXIT_OK, or
+ * KILNC_EXIT_USAGE with the reason and the --iters that would fit. */
+static int emit_loads_fits(const char *path, const load_csv *lc)
+{
+	const kiln_load_shape *sh = &lc->shape;
+	int64_t rows = kiln_load_csv_rows(sh, lc->iterations);
+	int64_t per = kiln_load_csv_rows(sh, 1);
+	if (rows > KILN_LOAD_TRACE_MAX_ROWS) {
+		fprintf(
+		    stderr,
+		    "kilnc: error: --emit-loads %s: %lld iterations x %d micro-batches x %d MoE "
+		    "layers x %d EP ranks = %lld rows, over the %d rows --loads reads; use --iters "
+		    "%lld or fewer\nTry 'kilnc help simulate'.\n",
+		    path, (long long)lc->iterations,
+		    (int)(sh->microbatches > 0 ? sh->microbatches : 1),
+		    (int)(sh->layers > 0 ? sh->layers : 1), (int)(sh->ep > 0 ? sh->ep : 1),
+		    (long long)rows, KILN_LOAD_TRACE_MAX_ROWS,
+		    (long long)(KILN_LOAD_TRACE_MAX_ROWS / per));
+		return KILNC_EXIT_USAGE;
+	}
+	int64_t bytes = kiln_load_csv_bytes(lc->profile, sh, lc->seed, lc->iterations);
+	if (bytes < 0) {
+		fprintf(stderr,
+		        "kilnc: error: --emit-loads %s: this shape cannot be written (%d EP "
+		        "ranks)\n",
+		        path, (int)sh->ep);
+		return KILNC_EXIT_INPUT;
+	}
+	if (bytes > KILN_LOAD_TRACE_MAX_BYTES) {
+		/* Rows are about the same length, so the iterations that fit
+		 * scale with the bytes. */
+		int64_t fit = (int64_t)((double)lc->iterations * (double)KILN_LOAD_TRACE_MAX_BYTES /
+		                        (double)bytes);
+		fprintf(
+		    stderr,
+		    "kilnc: error: --emit-loads %s: %lld rows make %lld bytes, over the %lld bytes "
+		    "(256 MiB) --loads reads; use --iters %lld or fewer\nTry 'kilnc help "
+		    "simulate'.\n",
+		    path, (long long)rows, (long long)bytes, (long long)KILN_LOAD_TRACE_MAX_BYTES,
+		    (long long)(fit > 0 ? fit : 1));
+		return KILNC_EXIT_USAGE;
+	}
+	return KILNC_EXIT_OK;
+}
+
 /* The last iteration's schedules as Chrome trace JSON, to a temporary file
  * beside path renamed into place when complete. Returns 0 or -1
  * (reported). */
@@ -311,9 +358,14 @@ int kilnc_simulate(int argc, char **argv)
 	if ((rc = compile_model(m, false, a, &c, &blob, &rt)) != 0)
 		goto out;
 	rc = KILNC_EXIT_INPUT;
+	load_csv lc = {.profile = prof, .seed = (uint64_t)n_seed, .iterations = n_iters};
+	kiln_sim_load_shape(&c, &lc.shape);
+	if (prof->kind == KILN_LOAD_TRACE && kiln_load_trace_check(prof->trace, &lc.shape, stderr))
+		goto out;
+	if (emit_loads && (rc = emit_loads_fits(emit_loads, &lc)) != KILNC_EXIT_OK)
+		goto out;
+	rc = KILNC_EXIT_INPUT;
 	if (emit_loads) {
-		load_csv lc = {.profile = prof, .seed = (uint64_t)n_seed, .iterations = n_iters};
-		kiln_sim_load_shape(&c, &lc.shape);
 		if (write_atomically(emit_loads, fill_loads, &lc) != 0)
 			goto out;
 		if (!policy) {
