@@ -889,6 +889,8 @@ static int cmd_compile(int argc, char **argv)
 	if (rc == -2) {
 		usage_error("--dump-after: no pass named '%s'", o.dump_after);
 		rc = EXIT_USAGE;
+	} else if (rc == -3) {
+		rc = EXIT_INPUT; /* over the cost bound, reported */
 	} else if (rc != 0) {
 		fprintf(stderr, "kilnc: error: compiling %s failed\n", o.model);
 		rc = EXIT_INPUT;

@@ -85,9 +85,14 @@ static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 static int compile_model(const kiln_model *m, bool no_offload, kiln_arena *a,
                          kiln_compilation *c, unsigned char **blob, kiln_rt **rt)
 {
-	*c = (kiln_compilation){.model = m, .arena = a, .no_offload = no_offload};
-	if (kiln_pipeline_compile(c, NULL, NULL, NULL, stderr) != 0) {
-		fprintf(stderr, "kilnc: error: compiling %s failed\n", m->name);
+	*c = (kiln_compilation){.model = m,
+	                        .arena = a,
+	                        .no_offload = no_offload,
+	                        .progress = isatty(2) ? stderr : NULL};
+	int prc = kiln_pipeline_compile(c, NULL, NULL, NULL, stderr);
+	if (prc != 0) {
+		if (prc != -3) /* -3: over the cost bound, reported */
+			fprintf(stderr, "kilnc: error: compiling %s failed\n", m->name);
 		return KILNC_EXIT_INPUT;
 	}
 	size_t len;
