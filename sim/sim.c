@@ -219,6 +219,7 @@ typedef struct scratch {
 	int oom;
 	int64_t over_budget;
 	kiln_rt *acct;        /* mirror of the kiln policy's memory, or NULL */
+	kiln_progress *meter; /* the run's status line (decisions done), or NULL */
 	int64_t acct_checks, acct_mismatches;
 } scratch;
 
@@ -350,6 +351,7 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
 			if (!unbounded && device > si->capacity)
 				sc->oom = 1;
 		}
+		kiln_progress_add(sc->meter, (int64_t)si->n_layers * w->m);
 	}
 }
 
@@ -402,6 +404,7 @@ typedef struct run {
 	pthread_mutex_t gate;
 	pthread_cond_t opened;
 	int go;
+	kiln_progress *meter; /* decisions done, iterations done; NULL without cfg->progress */
 } run;
 
 typedef struct worker {
@@ -543,7 +546,7 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 }
 
 /* The end of iteration it: its time, restarts, checkpoints, progress. */
-static void end_iteration(run *r, int64_t it, int *last_pct)
+static void end_iteration(run *r, int64_t it)
 {
 	const kiln_sim_config *cfg = r->cfg;
 	int64_t every = cfg->checkpoint_every > 0 ? cfg->checkpoint_every : 100;
@@ -562,12 +565,8 @@ static void end_iteration(run *r, int64_t it, int *last_pct)
 		if ((it + 1) % every == 0)
 			r->since_ckpt[k] = 0;
 	}
-	int pct = (int)((it + 1) * 10 / cfg->iterations);
-	if (cfg->progress && pct != *last_pct) {
-		fprintf(cfg->progress, "simulate: %lld of %lld iterations\n", (long long)(it + 1),
-		        (long long)cfg->iterations);
-		*last_pct = pct;
-	}
+	(void)it;
+	kiln_progress_add_aux(r->meter, 1);
 }
 
 /* Every thread's loop over the iterations and groups. */
@@ -575,7 +574,6 @@ static void *work(void *arg)
 {
 	worker *wk = arg;
 	run *r = wk->r;
-	int last_pct = -1;
 	pthread_mutex_lock(&r->gate);
 	while (r->go == 0)
 		pthread_cond_wait(&r->opened, &r->gate);
@@ -603,7 +601,7 @@ static void *work(void *arg)
 				return NULL;
 		}
 		if (wk->t == 0)
-			end_iteration(r, it, &last_pct);
+			end_iteration(r, it);
 	}
 	return NULL;
 }
@@ -630,6 +628,62 @@ static void scratch_free(scratch *sc)
 	free(sc->layer_b);
 	free(sc->held);
 	free(sc->peak);
+}
+
+/* The threads a run of n policies takes (kiln_sim_config.threads). */
+static int32_t threads_for(const kiln_sim_config *cfg, int32_t n)
+{
+	int32_t threads = cfg->threads;
+	if (threads <= 0) {
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+		threads =
+		    cpus > 0 && cpus < KILN_SIM_MAX_THREADS ? (int32_t)cpus : KILN_SIM_MAX_THREADS;
+	}
+	threads = threads < n ? threads : n;
+	return threads < KILN_SIM_MAX_THREADS ? threads : KILN_SIM_MAX_THREADS;
+}
+
+int kiln_sim_cost_estimate(const kiln_sim_config *cfg, int32_t n, kiln_sim_cost *out)
+{
+	const kiln_compilation *c = cfg->c;
+	const kiln_model *m = c->model;
+	const kiln_ir_graph *g = c->graph;
+	double p = g->n_stages, mb = (double)m->micro_batches;
+	double v = m->schedule == KILN_SCHED_INTERLEAVED && m->vpp > 1 ? (double)m->vpp : 1;
+	double ep = m->moe ? (double)m->ep : 1;
+	double groups = m->moe ? (double)(m->dp * m->tp / m->ep) : 1;
+	if (groups < 1)
+		groups = 1;
+	if (cfg->max_groups > 0 && cfg->max_groups < groups)
+		groups = cfg->max_groups;
+	double most = 1, n_moe = 0;
+	for (int32_t s = 0; s < g->n_stages; s++) {
+		double nl = g->stages[s].layer_end - g->stages[s].layer_begin;
+		most = nl > most ? nl : most;
+	}
+	for (int32_t l = 0; l < g->n_layers; l++)
+		n_moe += g->layers[l].kind == KILN_LAYER_MOE;
+	double passes = cfg->exact ? ep : 1 + (ep < KILN_SIM_CANDIDATES ? ep : KILN_SIM_CANDIDATES);
+	*out = (kiln_sim_cost){.groups = groups,
+	                       .layers = g->n_layers,
+	                       .microbatches = mb,
+	                       .passes = passes,
+	                       .threads = threads_for(cfg, n)};
+	out->per_iteration = groups * n * (double)g->n_layers * mb * passes;
+	out->decisions = out->per_iteration * (double)cfg->iterations;
+	out->cpu_s = out->decisions * KILN_SIM_CPU_US_PER_DECISION * 1e-6;
+	/* What kiln_sim_run and kiln_pipe_run hold at once: per thread its
+	 * scratch (the pipeline's durations, two numbers per layer of the
+	 * largest stage per (stage, micro-batch), bytes held per micro-batch)
+	 * and one schedule being timed (ops and their positions); the loads
+	 * and their envelope; per policy the last iteration's schedule. */
+	double ops = 2 * p * v * mb;
+	double per_thread = 2 * 8 * p * v * mb + 2 * 8 * p * mb * 2 * most + 8 * mb +
+	                    ops * (double)(sizeof(kiln_pipe_op) + sizeof(int32_t));
+	double rows = mb * (n_moe > 0 ? n_moe : 1);
+	out->bytes = out->threads * per_thread + rows * (8 * ep + 12) +
+	             n * ops * (double)sizeof(kiln_pipe_op);
+	return 0;
 }
 
 /* 0 when c's counts fit the simulator's (32-bit micro-batch indices, as the
@@ -676,13 +730,7 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 		fprintf(err, "kilnc: error: simulate: 1 to 64 policies at a time, got %d\n", (int)n);
 		return -1;
 	}
-	int32_t threads = cfg->threads;
-	if (threads <= 0) {
-		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-		threads = cpus > 0 && cpus < KILN_SIM_MAX_THREADS ? (int32_t)cpus : KILN_SIM_MAX_THREADS;
-	}
-	threads = threads < n ? threads : n;
-	threads = threads < KILN_SIM_MAX_THREADS ? threads : KILN_SIM_MAX_THREADS;
+	int32_t threads = threads_for(cfg, n);
 	run r = {.cfg = cfg, .w = &w, .w2 = &w2, .policies = policies, .out = out, .err = err,
 	         .n = n, .threads = threads, .gate = PTHREAD_MUTEX_INITIALIZER,
 	         .opened = PTHREAD_COND_INITIALIZER};
@@ -740,9 +788,18 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 		/* The arena is not for threads: the schedule's room now. */
 		r.ops[k] = kiln_arena_alloc(a, sizeof(kiln_pipe_op) * n_ops);
 	}
+	kiln_sim_cost cost;
+	kiln_sim_cost_estimate(cfg, n, &cost);
+	r.meter = kiln_progress_start(cfg->progress, "kilnc: simulate");
+	kiln_progress_line(
+	    r.meter, "kilnc: estimate     %.3g layer decisions: about %.0f s of CPU, %.0f MB\n",
+	    cost.decisions, cost.cpu_s, cost.bytes / 1e6);
+	kiln_progress_phase(r.meter, "", "layer decisions", (int64_t)cost.decisions);
+	kiln_progress_aux(r.meter, "iterations done");
 	for (int32_t t = 0; t < threads; t++) {
 		wks[t].r = &r;
 		wks[t].t = t;
+		wks[t].sc.meter = r.meter;
 	}
 	for (started = 1; started < threads; started++)
 		if (pthread_create(&wks[started].id, NULL, work, &wks[started]) != 0)
@@ -778,6 +835,7 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 out:
 	for (int32_t t = 1; t < started; t++)
 		pthread_join(wks[t].id, NULL);
+	kiln_progress_stop(r.meter);
 	if (barrier)
 		pthread_barrier_destroy(&r.phase);
 	for (int32_t k = 0; r.pols && k < n; k++)

@@ -304,7 +304,7 @@ typedef struct kiln_sim_config {
 	int64_t checkpoint_every;   /* iterations between checkpoints (progress since is lost) */
 	int exact;                  /* 1: every EP rank; 0: the statistical method (sim.c) */
 	int32_t max_groups;         /* EP groups simulated (0: all) */
-	FILE *progress;             /* one line per 10% when set */
+	FILE *progress;             /* a terminal: a status line of the run's progress */
 	int32_t threads;            /* threads to run the policies on (0: one per online CPU,
 	                               at most 8); the results do not depend on it */
 	/* When set (a second handle on cfg->rt's blob), the kiln policy's
@@ -335,8 +335,37 @@ typedef struct kiln_sim_result {
 } kiln_sim_result;
 
 /* Runs cfg's iterations for each of the n policies. out[n] is filled,
- * peak_bytes arena-owned. Returns 0, or -1 with a message on err. */
+ * peak_bytes arena-owned. With cfg->progress a status line counts the
+ * layer decisions done (kiln_sim_cost_estimate's) and the iterations.
+ * Returns 0, or -1 with a message on err. */
 int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policies, int32_t n,
                  kiln_arena *a, FILE *err, kiln_sim_result *out);
+
+/* What kiln_sim_run of n policies on cfg costs, from the compilation's
+ * shape alone (docs/cli.md, "Cost bounds"). The work is layer decisions:
+ * per iteration, simulated EP group and policy, every layer of every stage
+ * for every micro-batch, once per rank followed (exact: ep; the
+ * statistical method: the envelope and min(ep, 4) candidates); the
+ * pipeline's 2 * p * v * m ops per run are fewer. The memory is what one
+ * iteration holds (nothing grows with iterations). */
+typedef struct kiln_sim_cost {
+	double groups, layers, microbatches, passes; /* the factors of per_iteration, with n */
+	double per_iteration;                        /* decisions */
+	double decisions;                            /* all iterations */
+	double cpu_s;                                /* at KILN_SIM_CPU_US_PER_DECISION */
+	double bytes; /* working memory, the compilation's own excluded */
+	int32_t threads;
+} kiln_sim_cost;
+
+/* The bounds kilnc simulate holds a run to (1e10 decisions: about 20
+ * minutes of CPU), and the measured CPU of one decision (kimi-k2-1t with
+ * every policy: 70.5 s for 5.8e8, docs/simulator.md "How long it takes";
+ * 0.05 to 0.12 us on one 2.8 GHz core). */
+#define KILN_SIM_MAX_DECISIONS 1e10
+#define KILN_SIM_MAX_BYTES (4.0 * 1073741824.0)
+#define KILN_SIM_CPU_US_PER_DECISION 0.12
+
+/* Fills out for n policies (1 to 64) of cfg (cfg->c finished). Returns 0. */
+int kiln_sim_cost_estimate(const kiln_sim_config *cfg, int32_t n, kiln_sim_cost *out);
 
 #endif

@@ -208,6 +208,51 @@ static int emit_loads_fits(const char *path, const load_csv *lc)
 	return KILNC_EXIT_OK;
 }
 
+/* Whether the run fits KILN_SIM_MAX_DECISIONS and KILN_SIM_MAX_BYTES
+ * (docs/cli.md, "Cost bounds"), checked before anything is written or
+ * simulated. KILNC_EXIT_OK; KILNC_EXIT_USAGE over the decisions (fewer
+ * iterations, policies or groups, or no --exact, fit: the frontend's limits
+ * keep one iteration's layers x micro-batches below 4.3e9);
+ * KILNC_EXIT_INPUT over the memory, which one iteration of the
+ * description's micro-batches and layers takes whatever the arguments. */
+static int simulate_fits(const kiln_sim_config *cfg, int32_t n, const char *model)
+{
+	kiln_sim_cost k;
+	kiln_sim_cost_estimate(cfg, n, &k);
+	if (k.bytes > KILN_SIM_MAX_BYTES) {
+		fprintf(stderr,
+		        "%s: error: simulating needs an estimated %.1f GiB of memory (%.0f "
+		        "micro-batches "
+		        "per iteration x %.0f layers, %d threads), over the limit of %.0f GiB; use "
+		        "fewer "
+		        "micro-batches per iteration (training.global_batch) or fewer layers per "
+		        "stage; "
+		        "docs/cli.md, \"Cost bounds\"\n",
+		        model, k.bytes / 1073741824.0, k.microbatches, k.layers, (int)k.threads,
+		        KILN_SIM_MAX_BYTES / 1073741824.0);
+		return KILNC_EXIT_INPUT;
+	}
+	if (k.decisions <= KILN_SIM_MAX_DECISIONS)
+		return KILNC_EXIT_OK;
+	fprintf(stderr,
+	        "kilnc: error: simulate: %lld iterations x %.0f EP groups x %d policies x %.0f "
+	        "layers x "
+	        "%.0f micro-batches x %.0f ranks followed = %.3g layer decisions (about %.0f s of "
+	        "CPU), over the limit of %.3g (docs/cli.md, \"Cost bounds\")\n",
+	        (long long)cfg->iterations, k.groups, (int)n, k.layers, k.microbatches, k.passes,
+	        k.decisions, k.cpu_s, KILN_SIM_MAX_DECISIONS);
+	double fit = floor(KILN_SIM_MAX_DECISIONS / k.per_iteration);
+	if (fit >= 1)
+		fprintf(stderr,
+		        "kilnc: note: use --iters %.0f or fewer, fewer policies, --groups G%s\n",
+		        fit, cfg->exact ? ", or drop --exact" : "");
+	else
+		fprintf(stderr, "kilnc: note: use fewer policies, --groups G%s\n",
+		        cfg->exact ? ", or drop --exact" : "");
+	fputs("Try 'kilnc help simulate'.\n", stderr);
+	return KILNC_EXIT_USAGE;
+}
+
 /* The last iteration's schedules as Chrome trace JSON, to a temporary file
  * beside path renamed into place when complete. Returns 0 or -1
  * (reported). */
@@ -368,6 +413,10 @@ int kilnc_simulate(int argc, char **argv)
 	if (prof->kind == KILN_LOAD_TRACE && kiln_load_trace_check(prof->trace, &lc.shape, stderr))
 		goto out;
 	if (emit_loads && (rc = emit_loads_fits(emit_loads, &lc)) != KILNC_EXIT_OK)
+		goto out;
+	kiln_sim_config est = {
+	    .c = &c, .iterations = n_iters, .exact = exact, .max_groups = (int32_t)n_groups};
+	if (policy && (rc = simulate_fits(&est, n, model)) != KILNC_EXIT_OK)
 		goto out;
 	rc = KILNC_EXIT_INPUT;
 	if (emit_loads) {
