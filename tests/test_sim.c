@@ -595,3 +595,135 @@ Test(sim, trace_of_another_layout_is_refused)
 	unlink(path);
 	free(path);
 }
+
+/* examples/traces/router_log_to_trace.py turns a router log into a token
+ * trace. tiny: 4 EP ranks of 2 experts, 1,024 tokens per micro-batch and
+ * group, top-2: 2,048 routed rows per micro-batch and MoE layer, 512 per
+ * rank balanced. The log (Megatron's 1-based layer numbers 2 to 8 are
+ * tiny's seven MoE layers; every second record tagged inside a log line)
+ * gives every expert 256 tokens (factor 512 / 512 = 1), except in
+ * iteration 1, micro-batch 2, layer 2, where rank 3's experts take 640
+ * each (1,280 rows: 2.5) and the others' 128 (256 rows: 0.5). Replayed,
+ * that is exactly the simulation of the factor trace written by hand with
+ * 2.5 and 0.5 there and 1 elsewhere, without a warning. */
+Test(sim, router_log_converts_to_a_trace_that_replays, .timeout = 120)
+{
+	char *log = kt_temp_file(".log", "", 0);
+	FILE *f = fopen(log, "w");
+	cr_assert_not_null(f);
+	fputs("iteration 0 | lm loss 9.87 | this line is not a record\n", f);
+	for (int it = 0; it < 2; it++)
+		for (int mb = 0; mb < 4; mb++)
+			for (int layer = 2; layer <= 8; layer++)
+				for (int r = 0; r < 4; r++) {
+					int spike = it == 1 && mb == 2 && layer == 2, e = 256;
+					if (spike)
+						e = r == 3 ? 640 : 128;
+					fprintf(
+					    f,
+					    "%s{\"iteration\": %d, \"microbatch\": %d, \"layer\": "
+					    "%d, "
+					    "\"ep_rank\": %d, \"tokens_per_expert\": [%d, %d]}\n",
+					    r % 2 ? "[rank 1] kiln-tokens " : "", it, mb, layer, r,
+					    e, e);
+				}
+	cr_assert_eq(fclose(f), 0);
+	char *tokens = kt_temp_file(".csv", "", 0);
+	char *out = NULL;
+	int rc = kt_sh(&out, "/usr/bin/python3 '%s' '%s' -o '%s'",
+	               kt_src("examples/traces/router_log_to_trace.py"), log, tokens);
+	cr_assert_eq(rc, 0, "%s", out);
+	free(out);
+	/* The same loads as factors, by hand. */
+	char *factors = kt_temp_file(".csv", "", 0);
+	f = fopen(factors, "w");
+	cr_assert_not_null(f);
+	fputs("iteration,microbatch,layer,rank,factor\n", f);
+	for (int it = 0; it < 2; it++)
+		for (int mb = 0; mb < 4; mb++)
+			for (int l = 0; l < 7; l++)
+				for (int r = 0; r < 4; r++)
+					fprintf(f, "%d,%d,%d,%d,%s\n", it, mb, l, r,
+					        it == 1 && mb == 2 && l == 0
+					            ? (r == 3 ? "2.5" : "0.5")
+					            : "1");
+	cr_assert_eq(fclose(f), 0);
+	kt_run a = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                          "--policy", "all", "--iters", "4", "--json",
+	                                          "--loads", tokens, NULL},
+	                    NULL);
+	kt_run b = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                          "--policy", "all", "--iters", "4", "--json",
+	                                          "--loads", factors, NULL},
+	                    NULL);
+	cr_assert_eq(a.status, 0, "%s", a.err);
+	cr_assert_eq(b.status, 0, "%s", b.err);
+	cr_expect_eq(a.err_len, 0, "warnings on the converted trace:\n%s", a.err);
+	kiln_json *ja = kiln_json_parse(a.out, a.out_len), *jb = kiln_json_parse(b.out, b.out_len);
+	cr_assert(ja && jb);
+	const kiln_json *pa = kiln_json_get(ja, "policies"), *pb = kiln_json_get(jb, "policies");
+	cr_assert_eq(kiln_json_size(pa), KILN_SIM_POLICY_COUNT);
+	for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
+		static const char *const keys[] = {"tokens_per_s", "iteration_s", "ooms",
+		                                   "exposed_recompute_s", "exposed_copy_s"};
+		for (size_t j = 0; j < sizeof keys / sizeof keys[0]; j++)
+			cr_expect_eq(kiln_json_number(kiln_json_get(kiln_json_at(pa, k), keys[j])),
+			             kiln_json_number(kiln_json_get(kiln_json_at(pb, k), keys[j])),
+			             "%s %s", kiln_sim_policy_name((kiln_sim_policy_kind)k),
+			             keys[j]);
+		const kiln_json *ka = kiln_json_get(kiln_json_at(pa, k), "peak_bytes"),
+		                *kb = kiln_json_get(kiln_json_at(pb, k), "peak_bytes");
+		for (int s = 0; s < kiln_json_size(ka); s++)
+			cr_expect_eq(kiln_json_number(kiln_json_at(ka, s)),
+			             kiln_json_number(kiln_json_at(kb, s)));
+	}
+	/* The spike is seen: unbounded holds more on stage 0 than balanced. */
+	kt_run c = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                          "--policy", "all", "--iters", "4", "--json",
+	                                          "--loads", "balanced", NULL},
+	                    NULL);
+	kiln_json *jc = kiln_json_parse(c.out, c.out_len);
+	cr_assert_not_null(jc);
+	cr_expect_gt(
+	    kiln_json_number(
+	        kiln_json_at(kiln_json_get(kiln_json_at(pa, KILN_SIM_UNBOUNDED), "peak_bytes"), 0)),
+	    kiln_json_number(kiln_json_at(
+	        kiln_json_get(kiln_json_at(kiln_json_get(jc, "policies"), KILN_SIM_UNBOUNDED),
+	                      "peak_bytes"),
+	        0)));
+	kiln_json_free(ja);
+	kiln_json_free(jb);
+	kiln_json_free(jc);
+	kt_run_free(&a);
+	kt_run_free(&b);
+	kt_run_free(&c);
+	/* A record given twice and one with three experts: exit 1, each
+	 * error at its line, nothing written. */
+	f = fopen(log, "w");
+	cr_assert_not_null(f);
+	fputs("{\"iteration\": 0, \"microbatch\": 0, \"layer\": 2, \"ep_rank\": 0, "
+	      "\"tokens_per_expert\": [1, 2]}\n"
+	      "{\"iteration\": 0, \"microbatch\": 0, \"layer\": 2, \"ep_rank\": 0, "
+	      "\"tokens_per_expert\": [3, 4]}\n"
+	      "{\"iteration\": 0, \"microbatch\": 0, \"layer\": 2, \"ep_rank\": 1, "
+	      "\"tokens_per_expert\": [3, 4, 5]}\n",
+	      f);
+	cr_assert_eq(fclose(f), 0);
+	unlink(tokens);
+	rc = kt_sh(&out, "/usr/bin/python3 '%s' '%s' -o '%s'",
+	           kt_src("examples/traces/router_log_to_trace.py"), log, tokens);
+	cr_expect_eq(rc, 1, "%s", out);
+	char want[1024];
+	snprintf(want, sizeof want,
+	         "%s:2: error: a second record for iteration 0, micro-batch 0, layer 2, EP rank 0 "
+	         "(the first is on line 1)\n%s:3: error: 3 token counts, but line 1 has 2",
+	         log, log);
+	cr_expect_not_null(strstr(out, want), "%s", out);
+	cr_expect_neq(access(tokens, F_OK), 0, "a trace was written");
+	free(out);
+	unlink(log);
+	unlink(factors);
+	free(log);
+	free(tokens);
+	free(factors);
+}
