@@ -135,7 +135,8 @@ static const char HELP_COMPILE[] =
 	"written on exit 3 too; the blob is not (a plan that cannot take the\n"
 	"load it promises must not reach a trainer).\n"
 	"Exit status 3, with each stage and its largest feasible load factor on\n"
-	"stderr, when load.max_factor does not fit on some stage.\n"
+	"stderr, when load.max_factor does not fit on some stage. Exit status 1,\n"
+	"nothing written, past the cost bound of docs/cli.md (2^20 unit choices).\n"
 	"Progress goes to stderr when stderr is a terminal.\n";
 
 static const char HELP_VIZ[] =

@@ -52,6 +52,9 @@ static const char HELP_SIMULATE[] =
 	"                   and examples/trainer replay; without --policy, only that\n"
 	"\n"
 	"Exit status 1 for a bad model, blob or trace, 2 for bad arguments.\n"
+	"A run past the cost bounds of docs/cli.md (1e10 layer decisions: exit 2;\n"
+	"4 GiB per iteration: exit 1) or an --emit-loads trace larger than --loads\n"
+	"reads (exit 2) is refused before anything is written or simulated.\n"
 	"Progress goes to stderr when stderr is a terminal.\n";
 
 int kilnc_help_simulate(void)
