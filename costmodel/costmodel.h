@@ -184,5 +184,10 @@ int kiln_cost_solve_milp(const kiln_plan_instance *in, uint32_t min_saved_q, kil
 /* The whole frontier by successive MILPs (each solve's saving + 1 is the next
  * target). Same contract as kiln_cost_frontier_dp. */
 int kiln_cost_frontier_milp(const kiln_plan_instance *in, kiln_arena *a, kiln_frontier *out);
+/* The same, counting every MILP solve into meter's second count
+ * (kiln_progress_add_aux; meter borrowed, NULL for none): a frontier can
+ * take minutes. */
+int kiln_cost_frontier_milp_metered(const kiln_plan_instance *in, kiln_progress *meter,
+                                    kiln_arena *a, kiln_frontier *out);
 
 #endif

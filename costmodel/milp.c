@@ -284,6 +284,12 @@ int kiln_cost_solve_milp(const kiln_plan_instance *in, uint32_t min_saved_q, kil
  * Time: one or two MILP solves per frontier point, at most S + 1 points. */
 int kiln_cost_frontier_milp(const kiln_plan_instance *in, kiln_arena *a, kiln_frontier *out)
 {
+	return kiln_cost_frontier_milp_metered(in, NULL, a, out);
+}
+
+int kiln_cost_frontier_milp_metered(const kiln_plan_instance *in, kiln_progress *meter,
+                                    kiln_arena *a, kiln_frontier *out)
+{
 	if (!out || kiln_cost_instance_check(in) != 0)
 		return -1;
 	out->points = NULL;
@@ -311,6 +317,7 @@ int kiln_cost_frontier_milp(const kiln_plan_instance *in, kiln_arena *a, kiln_fr
 	for (;;) {
 		kiln_plan_point p;
 		int r = kiln_cost_solve_milp(in, target, a, &p);
+		kiln_progress_add_aux(meter, 1);
 		if (r == 1)
 			break;
 		if (r != 0)

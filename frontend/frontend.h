@@ -19,6 +19,10 @@
 #define KILN_FRONTEND_MAX_ERRORS 100
 #define KILN_FRONTEND_MAX_ANCHORS 256   /* distinct anchor names per file */
 #define KILN_FRONTEND_MAX_LAYERS 4096 /* model.layers: 30x any real model, keeps the IR small */
+/* Micro-batches per iteration (global_batch / (micro_batch * dp)): 256x the
+ * largest real schedule (4,096), so every count the compiler, the runtime
+ * (32-bit micro-batch ids) and the simulator keep of them fits. */
+#define KILN_FRONTEND_MAX_MICRO_BATCHES (1 << 20)
 
 /* Status codes. */
 enum {

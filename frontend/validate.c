@@ -440,6 +440,15 @@ static void check_parallel(vctx *v, derived *d)
 			    (long long)d->dp);
 			rule_error(v, where(v, KILN_FE_F_GLOBAL_BATCH), KILN_FE_F_GLOBAL_BATCH,
 			           msg);
+		} else if (VAL(GLOBAL_BATCH) / mbdp > KILN_FRONTEND_MAX_MICRO_BATCHES) {
+			snprintf(msg, sizeof(msg),
+			         "micro-batches per iteration (global_batch / (micro_batch * dp) = "
+			         "%lld / (%lld * %lld) = %lld) exceed the limit of %d",
+			         (long long)VAL(GLOBAL_BATCH), (long long)VAL(MICRO_BATCH),
+			         (long long)d->dp, (long long)(VAL(GLOBAL_BATCH) / mbdp),
+			         KILN_FRONTEND_MAX_MICRO_BATCHES);
+			rule_error(v, where(v, KILN_FE_F_GLOBAL_BATCH), KILN_FE_F_GLOBAL_BATCH,
+			           msg);
 		} else {
 			d->mbs_ok = true;
 			d->micro_batches = VAL(GLOBAL_BATCH) / mbdp;

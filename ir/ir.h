@@ -72,6 +72,38 @@ int kiln_text_put(FILE *f, const char *s, size_t len);
  * encoded in UTF-8); if so *out_cp is the first one's code point. */
 bool kiln_text_has_control(const char *s, size_t len, uint32_t *out_cp);
 
+/* ---------------------------------------------------------------- progress.c */
+
+/* A status line for long work on a terminal (DESIGN.md 5.2: compile and
+ * simulate show progress when stderr is a terminal). While a meter runs, a
+ * thread of its own rewrites one line on out every
+ * KILN_PROGRESS_INTERVAL_MS, "WHAT: PHASE DONE of TOTAL UNIT (P%), about R
+ * s left, AUX LABEL, T s", whatever the work is doing; the work only
+ * counts. Every function accepts NULL and then does nothing, so work counts
+ * unconditionally and costs one relaxed atomic add per call. */
+#define KILN_PROGRESS_INTERVAL_MS 1000
+
+typedef struct kiln_progress kiln_progress;
+
+/* Starts a meter writing to out (borrowed; a terminal: the line is
+ * rewritten with "\r" and erased with "\033[K"), labelled what (copied).
+ * NULL when out is NULL or the meter cannot start (then the work simply
+ * runs silent). Owned by the caller: kiln_progress_stop. */
+kiln_progress *kiln_progress_start(FILE *out, const char *what);
+/* A new phase: its name and unit (copied), its total (0: unknown), and its
+ * counters at 0. */
+void kiln_progress_phase(kiln_progress *p, const char *phase, const char *unit, int64_t total);
+/* A second count shown after the first, with label (copied; "" hides it). */
+void kiln_progress_aux(kiln_progress *p, const char *label);
+/* Counts n more done (any thread). */
+void kiln_progress_add(kiln_progress *p, int64_t n);
+void kiln_progress_add_aux(kiln_progress *p, int64_t n);
+/* Prints one whole line (printf-style) on out, erasing the status first. */
+void kiln_progress_line(kiln_progress *p, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Stops the thread, erases the status line and frees p. */
+void kiln_progress_stop(kiln_progress *p);
+
 /* ---------------------------------------------------------------- model */
 
 typedef enum { KILN_ATTN_FLASH, KILN_ATTN_EAGER } kiln_attention;

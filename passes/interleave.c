@@ -1340,6 +1340,7 @@ int kiln_pass_interleave(kiln_compilation *c)
 		return -1;
 	scratch scr = {0};
 	int rc = -1;
+	kiln_progress_phase(c->meter, "interleave", "schedules", (int64_t)n_tab + np + c->n_sets);
 
 	/* The first table (set-major, bucket ascending) using each plan class,
 	 * and its table point. */
@@ -1358,6 +1359,7 @@ int kiln_pass_interleave(kiln_compilation *c)
 		kiln_arena *sa = scratch_get(&scr);
 		if (!sa || (base[ti] = kiln_interleave_makespan(c, t, keep, sa)) < 0)
 			goto out;
+		kiln_progress_add(c->meter, 1);
 	}
 	for (int32_t p = 0; p < np; p++) {
 		int32_t ti = first[p];
@@ -1369,6 +1371,7 @@ int kiln_pass_interleave(kiln_compilation *c)
 		if (kiln_interleave_template(c, &c->tables[ti], p, pool->actions[p], a, &tpl[p]) != 0)
 			goto out;
 		tpl[p].base_us = base[ti];
+		kiln_progress_add(c->meter, 1);
 	}
 	/* One keep-everything template per unit set at load 1: what the stage
 	 * timelines show until budget picks steady plans. */
@@ -1378,6 +1381,7 @@ int kiln_pass_interleave(kiln_compilation *c)
 		if (kiln_interleave_template(c, &c->tables[ti], p, keep, a, &tpl[np + s]) != 0)
 			goto out;
 		tpl[np + s].base_us = base[ti];
+		kiln_progress_add(c->meter, 1);
 	}
 	sc->model = c->model->name;
 	sc->templates = tpl;

@@ -33,7 +33,8 @@ typedef struct kiln_compilation {
 	kiln_arena *arena;       /* borrowed */
 	kiln_solver solver;
 	bool no_offload;         /* plan without offloading (the simulator's ablation) */
-	FILE *progress;          /* when set, one line per finished pass (for terminals) */
+	FILE *progress;          /* when set (a terminal), a status line and one line per pass */
+	kiln_progress *meter;    /* kiln_pipeline_compile's status line while it runs, else NULL */
 	kiln_ir_graph *graph;    /* lower */
 	kiln_unit_set *sets;     /* activations: one per (stage, layer kind) */
 	int32_t n_sets;
@@ -46,11 +47,45 @@ typedef struct kiln_compilation {
 	kiln_baseline *baselines;   /* baselines: KILN_BASELINE_COUNT */
 } kiln_compilation;
 
+/* What compiling a description costs, estimated after the cheap passes
+ * (lower, activations) and before the planning passes, which dominate:
+ * every (unit set, load bucket) is a plan table whose instance, frontier
+ * points and pooled plans grow with its units, so memory and time follow
+ * the unit choices, the sum over tables of their units. The per-unit
+ * figures are measured (docs/cli.md, "Cost bounds"). */
+typedef struct kiln_compile_cost {
+	int32_t n_sets, n_buckets;
+	int64_t tables;       /* n_sets * n_buckets */
+	int64_t unit_choices; /* sum over tables of the set's units */
+	int64_t frontiers;    /* at most: distinct layer kinds x buckets (tables share them) */
+	double bytes;         /* estimated peak memory */
+	double cpu_s;         /* estimated CPU time (DP solver) */
+} kiln_compile_cost;
+
+/* The largest unit_choices a compilation may plan: about 1.9 GB and 4 s of
+ * CPU (4,096 layers on 2,048 stages at load.max_factor 3); the largest
+ * shipped model plans 10,530. The per-unit-choice and per-frontier figures
+ * are measured (docs/cli.md, "Cost bounds"). */
+#define KILN_COMPILE_MAX_UNIT_CHOICES (1 << 20)
+#define KILN_COMPILE_BYTES_PER_UNIT_CHOICE 1800.0
+#define KILN_COMPILE_CPU_US_PER_UNIT_CHOICE 3.5
+#define KILN_COMPILE_BYTES_PER_FRONTIER 1e6
+#define KILN_COMPILE_CPU_US_PER_FRONTIER 20000.0
+
+/* c's cost; c must have run the activations pass. Returns 0, or -1 on
+ * exhaustion (the load buckets live in c's arena). */
+int kiln_pipeline_cost(const kiln_compilation *c, kiln_compile_cost *out);
+
 /* Runs the passes in order up to and including the pass named until (NULL:
  * every pass), verifying the graph after each. When dump_after names a pass,
  * the state after it is printed to dump (and the run goes at least that far).
- * Returns 0, -1 on exhaustion or a verifier failure (a compiler bug,
- * reported on err), or -2 when dump_after or until names no pass. */
+ * Before the first planning pass the cost is estimated (kiln_pipeline_cost)
+ * and a compilation past KILN_COMPILE_MAX_UNIT_CHOICES is refused. While it
+ * runs with c->progress set, a status line shows the pass and its progress
+ * (ir/progress.c). Returns 0, -1 on exhaustion or a verifier failure (a
+ * compiler bug, reported on err), -2 when dump_after or until names no pass,
+ * or -3 when the cost is over the bound (reported on err as
+ * "PATH: error: ..."). */
 int kiln_pipeline_compile(kiln_compilation *c, const char *until, const char *dump_after,
                           FILE *dump, FILE *err);
 

@@ -338,7 +338,7 @@ static int solve(const kiln_compilation *c, const kiln_plan_instance *in, kiln_a
 	kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
 	if (!f)
 		return -1;
-	int rc = c->solver == KILN_SOLVER_MILP ? kiln_cost_frontier_milp(in, a, f)
+	int rc = c->solver == KILN_SOLVER_MILP ? kiln_cost_frontier_milp_metered(in, c->meter, a, f)
 	                                       : kiln_cost_frontier_dp(in, a, f);
 	*out = f;
 	return rc;
@@ -397,6 +397,9 @@ int kiln_pass_plan(kiln_compilation *c)
 		return -1;
 	int32_t n_distinct = 0;
 	kiln_option_flags flags = {.offload = !c->no_offload, .collective_recompute = false};
+	kiln_progress_phase(c->meter, "plan", "tables", (int64_t)n_tables);
+	if (c->solver == KILN_SOLVER_MILP)
+		kiln_progress_aux(c->meter, "MILP solves");
 
 	for (int32_t s = 0; s < c->n_sets; s++) {
 		const kiln_unit_set *set = &c->sets[s];
@@ -435,6 +438,7 @@ int kiln_pass_plan(kiln_compilation *c)
 			}
 			if (kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, c->pool, a) != 0)
 				return -1;
+			kiln_progress_add(c->meter, 1);
 		}
 	}
 	c->pool->n_frontiers = n_distinct;

@@ -42,8 +42,6 @@
 /* zipf: j^-alpha is tabulated at parse time for j up to this many experts. */
 #define ZIPF_TABLE 4096
 
-#define TRACE_MAX_BYTES ((int64_t)256 << 20)
-#define TRACE_MAX_ROWS 10000000
 #define TRACE_MAX_ERRORS 20
 
 /* ---------------------------------------------------------------- hashing */
@@ -355,6 +353,7 @@ struct kiln_load_trace {
 	const char *path;
 	const trace_row *rows; /* sorted by (iteration, microbatch, layer, rank) */
 	int64_t n;
+	int64_t header_line;
 	kiln_load_trace_info info;
 };
 
@@ -401,6 +400,206 @@ static void sample_trace(const kiln_load_trace *t, const kiln_load_shape *s, int
 void kiln_load_trace_describe(const kiln_load_trace *t, kiln_load_trace_info *out)
 {
 	*out = t->info;
+}
+
+/* ---------------------------------------------------------------- trace check */
+
+/* One kind of finding: how many, and the first one's line and message. */
+typedef struct finding {
+	int64_t count;
+	int64_t line;
+	char first[256];
+} finding;
+
+static void note_finding(finding *f, int64_t line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void note_finding(finding *f, int64_t line, const char *fmt, ...)
+{
+	if (f->count++ > 0)
+		return;
+	f->line = line;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(f->first, sizeof f->first, fmt, ap);
+	va_end(ap);
+}
+
+static void report(const kiln_load_trace *t, FILE *err, const finding *f, const char *level,
+                   const char *more)
+{
+	if (f->count == 0)
+		return;
+	if (f->line > 0)
+		fprintf(err, "%s:%lld: %s: %s", t->path, (long long)f->line, level, f->first);
+	else
+		fprintf(err, "%s: %s: %s", t->path, level, f->first);
+	if (f->count > 1)
+		fprintf(err, " (%lld %s in all)", (long long)f->count, more);
+	fputc('\n', err);
+}
+
+int kiln_load_trace_check(const kiln_load_trace *t, const kiln_load_shape *s, FILE *err)
+{
+	const kiln_load_trace_info *in = &t->info;
+	int64_t hl = t->header_line;
+	int32_t ep = s->ep > 0 ? s->ep : 1, mbs = s->microbatches > 0 ? s->microbatches : 1;
+	int32_t layers = s->layers;
+	int errors = 0;
+	if (layers <= 0) {
+		fprintf(err,
+		        "%s:%lld: warning: the model has no MoE layers: the trace plays no part\n",
+		        t->path, (long long)hl);
+		return 0;
+	}
+	if (in->tokens && in->values > s->experts_per_rank) {
+		fprintf(
+		    err,
+		    "%s:%lld: error: the header has %d per-expert token columns, but the model has "
+		    "%d experts per EP rank (ep %d): the trace was recorded with another expert "
+		    "layout\n",
+		    t->path, (long long)hl, in->values, s->experts_per_rank, ep);
+		errors++;
+	} else if (in->tokens && in->values > 1 && in->values < s->experts_per_rank) {
+		fprintf(
+		    err,
+		    "%s:%lld: warning: the header has %d per-expert token columns, but the "
+		    "model has %d experts per EP rank: the rank's other experts count as 0 rows\n",
+		    t->path, (long long)hl, in->values, s->experts_per_rank);
+	}
+	double balanced = (double)s->tokens * s->top_k / ep;
+	double routed = (double)s->tokens * s->top_k; /* rows of one group's layer, all ranks */
+	double r_max = kiln_sim_load_factor_max(s);
+	finding beyond_rank = {0}, beyond_mb = {0}, beyond_layer = {0}, too_high = {0};
+	finding sums = {0}, means = {0}, partial = {0}, gap = {0};
+	int64_t replayed_keys = 0, groups = 0;
+	int32_t l_eff = in->layers < layers ? in->layers : layers;
+	for (int64_t i = 0; i < t->n;) {
+		const trace_row *g0 = &t->rows[i];
+		int64_t j = i, present = 0;
+		double sum = 0;
+		int32_t next_rank = 0, missing_rank = -1;
+		for (; j < t->n && t->rows[j].iteration == g0->iteration &&
+		       t->rows[j].microbatch == g0->microbatch && t->rows[j].layer == g0->layer;
+		     j++) {
+			const trace_row *r = &t->rows[j];
+			if (r->rank >= ep) {
+				note_finding(
+				    &beyond_rank, r->line,
+				    "rank %d is beyond the model's %d EP ranks (0 to %d): the row "
+				    "is ignored",
+				    r->rank, ep, ep - 1);
+				continue;
+			}
+			if (r->microbatch >= mbs) {
+				note_finding(&beyond_mb, r->line,
+				             "micro-batch %d is beyond the model's %d per "
+				             "iteration: the row is ignored",
+				             r->microbatch, mbs);
+				continue;
+			}
+			if (r->layer >= layers) {
+				note_finding(
+				    &beyond_layer, r->line,
+				    "layer %d is beyond the model's %d MoE layers: the row is "
+				    "ignored",
+				    r->layer, layers);
+				continue;
+			}
+			double f =
+			    in->tokens ? (balanced > 0 ? r->value / balanced : 1.0) : r->value;
+			if (f > r_max && in->tokens)
+				note_finding(
+				    &too_high, r->line,
+				    "%.17g tokens make load factor %.6g, more than routing can put "
+				    "on one rank (ep * min(top_k, experts per rank) / top_k = "
+				    "%.6g): replayed as %.6g",
+				    r->value, f, r_max, r_max);
+			else if (f > r_max)
+				note_finding(
+				    &too_high, r->line,
+				    "factor %.17g is more than routing can put on one rank (ep * "
+				    "min(top_k, experts per rank) / top_k = %.6g): replayed as "
+				    "%.6g",
+				    f, r_max, r_max);
+			if (missing_rank < 0 && r->rank != next_rank)
+				missing_rank = next_rank;
+			next_rank = r->rank + 1;
+			present++;
+			sum += r->value;
+		}
+		if (present > 0) {
+			groups++;
+			replayed_keys += present;
+			if (missing_rank < 0 && next_rank < ep)
+				missing_rank = next_rank;
+			if (missing_rank >= 0) {
+				note_finding(
+				    &partial, g0->line,
+				    "iteration %lld, micro-batch %d, layer %d has no row for rank "
+				    "%d: it replays balanced (1.0)",
+				    (long long)g0->iteration, g0->microbatch, g0->layer,
+				    missing_rank);
+			} else if (in->tokens && fabs(sum - routed) > 0.5 + 1e-9 * routed) {
+				note_finding(
+				    &sums, g0->line,
+				    "the token counts of iteration %lld, micro-batch %d, layer %d "
+				    "add up to %.17g rows, but the model routes tokens * top_k = "
+				    "%lld * %d = %.17g per micro-batch and MoE layer",
+				    (long long)g0->iteration, g0->microbatch, g0->layer, sum,
+				    (long long)s->tokens, s->top_k, routed);
+			} else if (!in->tokens && fabs(sum / ep - 1.0) > 1e-6) {
+				note_finding(&means, g0->line,
+				             "the factors of iteration %lld, micro-batch %d, layer "
+				             "%d average %.9g, not 1 (routing conserves rows)",
+				             (long long)g0->iteration, g0->microbatch, g0->layer,
+				             sum / ep);
+			}
+		}
+		/* Whole iterations left out between this group and the next. */
+		if (j < t->n && t->rows[j].iteration > g0->iteration + 1)
+			note_finding(&gap, t->rows[j].line,
+			             "iteration %lld follows iteration %lld: iterations %lld to "
+			             "%lld have no rows and replay balanced (1.0)",
+			             (long long)t->rows[j].iteration, (long long)g0->iteration,
+			             (long long)g0->iteration + 1,
+			             (long long)t->rows[j].iteration - 1);
+		i = j;
+	}
+	if (replayed_keys == 0) {
+		fprintf(err,
+		        "%s:%lld: error: no row of the trace lies within the model's shape (%d EP "
+		        "ranks, %d micro-batches per iteration, %d MoE layers): nothing would be "
+		        "replayed\n",
+		        t->path, (long long)hl, ep, mbs, layers);
+		return errors + 1;
+	}
+	report(t, err, &beyond_rank, "warning", "rows");
+	report(t, err, &beyond_mb, "warning", "rows");
+	report(t, err, &beyond_layer, "warning", "rows");
+	report(t, err, &too_high, "warning", "rows");
+	report(t, err, &sums, "warning", "micro-batch layers");
+	report(t, err, &means, "warning", "micro-batch layers");
+	report(t, err, &gap, "warning", "gaps");
+	if (in->microbatches < mbs)
+		fprintf(err,
+		        "%s:%lld: warning: the trace has micro-batches 0 to %d, but the model runs "
+		        "%d per iteration: micro-batches %d to %d replay balanced (1.0)\n",
+		        t->path, (long long)hl, in->microbatches - 1, mbs, in->microbatches,
+		        mbs - 1);
+	report(t, err, &partial, "warning", "micro-batch layers short of a rank");
+	/* Everything the replay looks up: the span's iterations, the model's
+	 * micro-batches and ranks, and the trace layers the model's layers
+	 * map to (layer l replays l mod the trace's layers). */
+	double looked_up = (double)in->iterations * mbs * l_eff * ep;
+	if ((double)replayed_keys < looked_up)
+		fprintf(
+		    err,
+		    "%s:%lld: warning: %.0f of the %.0f (iteration, micro-batch, layer, rank) keys "
+		    "the replay looks up have no row and replay balanced (1.0)\n",
+		    t->path, (long long)hl, looked_up - (double)replayed_keys, looked_up);
+	(void)groups;
+	return errors;
 }
 
 /* ---------------------------------------------------------------- sample */
@@ -762,7 +961,7 @@ static int row_cmp(const void *pa, const void *pb)
 	return (a->line > b->line) - (a->line < b->line);
 }
 
-/* Reads the whole regular file at path (at most TRACE_MAX_BYTES) into a
+/* Reads the whole regular file at path (at most KILN_LOAD_TRACE_MAX_BYTES) into a
  * malloc'd buffer the caller frees; NULL after reporting why not. */
 static char *read_trace(tparse *t, size_t *out_len)
 {
@@ -777,7 +976,7 @@ static char *read_trace(tparse *t, size_t *out_len)
 		terr(t, 0, "cannot stat the trace: %s\n", strerror(errno));
 	} else if (!S_ISREG(st.st_mode)) {
 		terr(t, 0, "not a regular file\n");
-	} else if ((int64_t)st.st_size > TRACE_MAX_BYTES) {
+	} else if ((int64_t)st.st_size > KILN_LOAD_TRACE_MAX_BYTES) {
 		terr(t, 0, "the trace is %lld bytes, over the limit of 256 MiB\n",
 		     (long long)st.st_size);
 	} else if (!(buf = malloc((size_t)st.st_size + 1))) {
@@ -843,6 +1042,10 @@ static int parse_rows(tparse *t, const char *text, size_t len, int64_t first_lin
 			bad |= parse_value(t, line, i, next_field(&c, l.e), &v) != 0;
 			sum += v;
 		}
+		if (!bad && !isfinite(sum)) {
+			terr(t, line, "the value columns sum past the largest number\n");
+			bad = 1;
+		}
 		if (bad)
 			continue;
 		trace_row *r = &rows[n++];
@@ -884,8 +1087,9 @@ static int parse_trace(const char *path, kiln_arena *a, FILE *err, const kiln_lo
 		if (!header.b) {
 			header = l;
 			header_line = line;
-		} else if (++nrows > TRACE_MAX_ROWS) {
-			terr(&t, line, "the trace has more than %d rows\n", TRACE_MAX_ROWS);
+		} else if (++nrows > KILN_LOAD_TRACE_MAX_ROWS) {
+			terr(&t, line, "the trace has more than %d rows\n",
+			     KILN_LOAD_TRACE_MAX_ROWS);
 			goto done;
 		}
 	}
@@ -932,6 +1136,7 @@ static int parse_trace(const char *path, kiln_arena *a, FILE *err, const kiln_lo
 	tr->path = kiln_arena_strdup(a, path);
 	tr->rows = rows;
 	tr->n = n;
+	tr->header_line = header_line;
 	kiln_load_trace_info *info = &tr->info;
 	info->first_iteration = rows[0].iteration;
 	info->iterations = rows[n - 1].iteration - rows[0].iteration + 1;
@@ -1028,27 +1233,101 @@ int kiln_load_parse(const char *spec, double max_factor, kiln_arena *a, FILE *er
 	return 0;
 }
 
-int kiln_load_write_csv(const kiln_load_profile *p, const kiln_load_shape *shape, uint64_t seed,
-                        int64_t iterations, FILE *f)
+/* The comment line and header the writer starts with; the profile's name
+ * with control bytes shown as '?', so that no name can break the line. */
+static int csv_header(char *buf, size_t size, const kiln_load_profile *p, uint64_t seed, int32_t ep)
 {
-	int32_t ep = shape->ep > 0 ? shape->ep : 1;
-	int32_t mbs = shape->microbatches > 0 ? shape->microbatches : 1;
-	int32_t layers = shape->layers > 0 ? shape->layers : 1;
-	double out[4096];
-	if (ep > (int32_t)(sizeof out / sizeof *out))
+	char name[256];
+	size_t n = 0;
+	for (const char *c = p->name; *c && n < sizeof name - 1; c++)
+		name[n++] = (unsigned char)*c < 0x20 || *c == 0x7f ? '?' : *c;
+	name[n] = '\0';
+	return snprintf(buf, size,
+	                "# kilnc simulate --emit-loads: profile %s, seed %llu, %d EP ranks\n"
+	                "iteration,microbatch,layer,rank,factor\n",
+	                name, (unsigned long long)seed, (int)ep);
+}
+
+/* The shape's counts as the writer takes them (0 means 1). */
+static void csv_dims(const kiln_load_shape *shape, int32_t *ep, int32_t *mbs, int32_t *layers)
+{
+	*ep = shape->ep > 0 ? shape->ep : 1;
+	*mbs = shape->microbatches > 0 ? shape->microbatches : 1;
+	*layers = shape->layers > 0 ? shape->layers : 1;
+}
+
+/* Factors per sample: the writer's buffer. */
+#define CSV_MAX_EP 4096
+
+/* Calls row(ctx, text, len) for the header, then every data row of the
+ * trace, in order; stops at the first nonzero return. */
+static int csv_walk(const kiln_load_profile *p, const kiln_load_shape *shape, uint64_t seed,
+                    int64_t iterations, int (*row)(void *ctx, const char *s, int len), void *ctx)
+{
+	int32_t ep, mbs, layers;
+	csv_dims(shape, &ep, &mbs, &layers);
+	double out[CSV_MAX_EP];
+	char buf[512];
+	if (ep > CSV_MAX_EP)
 		return -1;
-	if (fprintf(f, "# kilnc simulate --emit-loads: profile %s, seed %llu, %d EP ranks\n"
-	               "iteration,microbatch,layer,rank,factor\n",
-	            p->name, (unsigned long long)seed, ep) < 0)
+	int len = csv_header(buf, sizeof buf, p, seed, ep);
+	if (len < 0 || (size_t)len >= sizeof buf || row(ctx, buf, len) != 0)
 		return -1;
 	for (int64_t it = 0; it < iterations; it++)
 		for (int32_t mb = 0; mb < mbs; mb++)
 			for (int32_t l = 0; l < layers; l++) {
 				kiln_load_sample(p, shape, seed, it, mb, l, 0, out);
-				for (int32_t r = 0; r < ep; r++)
-					if (fprintf(f, "%lld,%d,%d,%d,%.17g\n", (long long)it, mb, l, r,
-					            out[r]) < 0)
+				for (int32_t r = 0; r < ep; r++) {
+					len = snprintf(buf, sizeof buf, "%lld,%d,%d,%d,%.17g\n",
+					               (long long)it, mb, l, r, out[r]);
+					if (len < 0 || (size_t)len >= sizeof buf ||
+					    row(ctx, buf, len) != 0)
 						return -1;
+				}
 			}
+	return 0;
+}
+
+int64_t kiln_load_csv_rows(const kiln_load_shape *shape, int64_t iterations)
+{
+	int32_t ep, mbs, layers;
+	csv_dims(shape, &ep, &mbs, &layers);
+	int64_t per = (int64_t)ep * mbs * layers, rows;
+	if (iterations < 0 || __builtin_mul_overflow(per, iterations, &rows))
+		return INT64_MAX;
+	return rows;
+}
+
+static int count_bytes(void *ctx, const char *s, int len)
+{
+	(void)s;
+	*(int64_t *)ctx += len;
+	return 0;
+}
+
+int64_t kiln_load_csv_bytes(const kiln_load_profile *p, const kiln_load_shape *shape, uint64_t seed,
+                            int64_t iterations)
+{
+	int64_t bytes = 0;
+	if (kiln_load_csv_rows(shape, iterations) > KILN_LOAD_TRACE_MAX_ROWS ||
+	    csv_walk(p, shape, seed, iterations, count_bytes, &bytes) != 0)
+		return -1;
+	return bytes;
+}
+
+static int put_row(void *ctx, const char *s, int len)
+{
+	return fwrite(s, 1, (size_t)len, ctx) == (size_t)len ? 0 : -1;
+}
+
+int kiln_load_write_csv(const kiln_load_profile *p, const kiln_load_shape *shape, uint64_t seed,
+                        int64_t iterations, FILE *f)
+{
+	/* What --loads refuses is never written (the caller checks first and
+	 * says why; kiln_load_csv_bytes). */
+	if (kiln_load_csv_rows(shape, iterations) > KILN_LOAD_TRACE_MAX_ROWS)
+		return -1;
+	if (csv_walk(p, shape, seed, iterations, put_row, f) != 0)
+		return -1;
 	return ferror(f) ? -1 : 0;
 }

@@ -110,6 +110,16 @@ static plan_form *form_build(const kiln_sim_policy *p, int32_t set, const uint8_
 	return f;
 }
 
+/* As the runtime's 64-bit fields take a double: NaN and negatives 0, at or
+ * past 2^64 saturated (a plain conversion would be undefined). Rows beyond
+ * the largest bucket are the runtime's KILN_PLAN_LOAD_BEYOND. */
+static uint64_t u64_sat(double x)
+{
+	if (!(x > 0))
+		return 0;
+	return x < 0x1p64 ? (uint64_t)x : UINT64_MAX;
+}
+
 static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
 {
 	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
@@ -345,11 +355,11 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	}
 	kiln_query q = {.stage = S->stage,
 	                .layer = layer,
-	                .total_rows = (uint64_t)ceil(n - 1e-9),
-	                .free_bytes = free_bytes > 0 ? (uint64_t)free_bytes : 0,
+	                .total_rows = u64_sat(ceil(n - 1e-9)),
+	                .free_bytes = u64_sat(free_bytes),
 	                .pending = pending,
 	                .microbatch = microbatch,
-	                .held_bytes = held_bytes > 0 ? (uint64_t)held_bytes : 0};
+	                .held_bytes = u64_sat(held_bytes)};
 	kiln_plan plan;
 	if (kiln_rt_select(p->rt, &q, &plan) != 0) {
 		*out = (kiln_sim_choice){.over_budget = 1};

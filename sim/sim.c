@@ -64,6 +64,7 @@ typedef struct world {
 	int32_t p, m, v;
 	int32_t n_moe;   /* MoE layers of the model */
 	int32_t ep, groups;
+	double r_max;  /* the largest load factor routing can produce (sample_share clamps to it) */
 	size_t stride; /* scratch entries per (stage, micro-batch): 2 per layer of the largest stage */
 	kiln_load_shape shape;
 	double tokens_per_iter, model_flops, peak_flops;
@@ -74,13 +75,23 @@ static double interp(const double *grid, double n_max, double n)
 	if (!(n_max > 0))
 		return grid[0];
 	double x = n / n_max * (GRID - 1);
-	if (x <= 0)
+	if (!(x > 0)) /* NaN too */
 		return grid[0];
-	int k = (int)x;
-	if (k >= GRID - 1) /* beyond the grid: extend its last segment */
-		k = GRID - 2;
+	/* Beyond the grid: extend its last segment. x is compared before it
+	 * is converted, so no load, however large, makes an out-of-range int. */
+	int k = x < GRID - 1 ? (int)x : GRID - 2;
 	double f = x - k;
 	return grid[k] + (grid[k + 1] - grid[k]) * f;
+}
+
+/* Bytes or rows as the runtime's 64-bit fields take them: NaN and
+ * negatives 0, anything at or past 2^64 saturated (a plain conversion of
+ * such a double is undefined). */
+static uint64_t u64_sat(double x)
+{
+	if (!(x > 0))
+		return 0;
+	return x < 0x1p64 ? (uint64_t)x : UINT64_MAX;
 }
 
 void kiln_sim_load_shape(const kiln_compilation *c, kiln_load_shape *out)
@@ -94,12 +105,23 @@ void kiln_sim_load_shape(const kiln_compilation *c, kiln_load_shape *out)
 	double n_bal = 0;
 	for (int32_t l = 0; l < g->n_layers && n_bal == 0; l++)
 		n_bal = g->layers[l].n_balanced;
-	*out = (kiln_load_shape){.ep = ep,
-	                         .experts_per_rank = m->moe ? (int32_t)(m->experts / m->ep) : 1,
-	                         .top_k = (int32_t)top_k,
-	                         .tokens = (int64_t)(n_bal / top_k * ep),
-	                         .microbatches = (int32_t)m->micro_batches,
-	                         .layers = n_moe};
+	*out = (kiln_load_shape){
+	    .ep = ep,
+	    .experts_per_rank = m->moe ? (int32_t)(m->experts / m->ep) : 1,
+	    .top_k = (int32_t)top_k,
+	    .tokens = (int64_t)(n_bal / top_k * ep),
+	    /* Saturated, never truncated; kiln_sim_run refuses
+	     * counts it cannot represent. */
+	    .microbatches = m->micro_batches > INT32_MAX ? INT32_MAX : (int32_t)m->micro_batches,
+	    .layers = n_moe};
+}
+
+double kiln_sim_load_factor_max(const kiln_load_shape *s)
+{
+	if (s->ep <= 1 || s->top_k < 1)
+		return 1.0;
+	int32_t k = s->top_k < s->experts_per_rank ? s->top_k : s->experts_per_rank;
+	return (double)s->ep * (double)k / (double)s->top_k;
 }
 
 static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
@@ -109,7 +131,7 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 	memset(w, 0, sizeof *w);
 	w->c = c;
 	w->p = g->n_stages;
-	w->m = (int32_t)m->micro_batches;
+	w->m = (int32_t)m->micro_batches; /* checked by kiln_sim_run */
 	w->v = m->schedule == KILN_SCHED_INTERLEAVED && m->vpp > 1 ? (int32_t)m->vpp : 1;
 	w->ep = m->moe ? (int32_t)m->ep : 1;
 	w->groups = m->moe ? (int32_t)(m->dp * m->tp / m->ep) : 1;
@@ -178,6 +200,7 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 			li->moe_index = k;
 		}
 	kiln_sim_load_shape(c, &w->shape);
+	w->r_max = kiln_sim_load_factor_max(&w->shape);
 	kiln_cost_iteration it;
 	kiln_cost_iteration_estimate(g, 1.0, &it);
 	w->model_flops = it.model_flops;
@@ -196,6 +219,7 @@ typedef struct scratch {
 	int oom;
 	int64_t over_budget;
 	kiln_rt *acct;        /* mirror of the kiln policy's memory, or NULL */
+	kiln_progress *meter; /* the run's status line (decisions done), or NULL */
 	int64_t acct_checks, acct_mismatches;
 } scratch;
 
@@ -243,8 +267,9 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
 		for (int32_t i = 0; i < w->m; i++) {
 			/* The micro-batch leaving the window has run its backward. */
 			if (sc->acct && i - si->window >= 0 &&
-			    kiln_rt_acct_record(sc->acct, (uint32_t)(i - si->window), KILN_ACCT_FREED,
-			                        (uint64_t)sc->held[i - si->window]) != 0)
+			    kiln_rt_acct_record(sc->acct, (uint32_t)(i - si->window),
+			                        KILN_ACCT_FREED,
+			                        u64_sat(sc->held[i - si->window])) != 0)
 				sc->acct_mismatches++;
 			/* In flight beside micro-batch i: the window before it. */
 			double others = 0;
@@ -253,8 +278,8 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
 					others += sc->held[j];
 			uint32_t pending = i < si->window - 1 ? (uint32_t)(si->window - 1 - i) : 0;
 			double cur = ceil(si->fixed_bytes - 1e-6), transient = 0;
-			if (sc->acct &&
-			    kiln_rt_acct_record(sc->acct, (uint32_t)i, KILN_ACCT_PRODUCED, (uint64_t)cur) != 0)
+			if (sc->acct && kiln_rt_acct_record(sc->acct, (uint32_t)i,
+			                                    KILN_ACCT_PRODUCED, u64_sat(cur)) != 0)
 				sc->acct_mismatches++;
 			for (int32_t l = 0; l < si->n_layers; l++) {
 				const layer_info *li = &si->layers[l];
@@ -294,8 +319,9 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
 					cur += ch.resident_bytes;
 					if (sc->acct) {
 						kiln_acct ac;
-						kiln_rt_acct_record(sc->acct, (uint32_t)i, KILN_ACCT_PRODUCED,
-						                    (uint64_t)ch.resident_bytes);
+						kiln_rt_acct_record(sc->acct, (uint32_t)i,
+						                    KILN_ACCT_PRODUCED,
+						                    u64_sat(ch.resident_bytes));
 						kiln_rt_acct_get(sc->acct, &ac);
 						sc->acct_checks++;
 						sc->acct_mismatches += (double)ac.device_bytes != others + cur;
@@ -325,6 +351,7 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
 			if (!unbounded && device > si->capacity)
 				sc->oom = 1;
 		}
+		kiln_progress_add(sc->meter, (int64_t)si->n_layers * w->m);
 	}
 }
 
@@ -377,6 +404,7 @@ typedef struct run {
 	pthread_mutex_t gate;
 	pthread_cond_t opened;
 	int go;
+	kiln_progress *meter; /* decisions done, iterations done; NULL without cfg->progress */
 } run;
 
 typedef struct worker {
@@ -395,10 +423,15 @@ static void sample_share(run *r, int32_t t, int64_t it, int32_t g)
 	for (int32_t i = t; i < w->m; i += r->threads)
 		for (int32_t k = 0; k < w->n_moe; k++) {
 			double *v = &r->loads[((size_t)i * w->n_moe + k) * w->ep];
-			if (cfg->c->model->moe)
-				kiln_load_sample(cfg->loads, &w->shape, cfg->seed, it, i, k, g, v);
-			else
+			if (!cfg->c->model->moe) {
 				v[0] = 1;
+				continue;
+			}
+			kiln_load_sample(cfg->loads, &w->shape, cfg->seed, it, i, k, g, v);
+			/* A trace can ask for any factor; no rank receives more rows
+			 * than routing can send it (docs/simulator.md, "Traces"). */
+			for (int32_t x = 0; x < w->ep; x++)
+				v[x] = v[x] >= 0 ? (v[x] < w->r_max ? v[x] : w->r_max) : 0;
 		}
 	envelope_rows(w, r->loads, t, r->threads, r->top, r->mean);
 }
@@ -477,7 +510,19 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 	                      .p = w->p, .m = w->m, .v = w->v,
 	                      .fwd_us = sc->fwd, .bwd_us = sc->bwd};
 	kiln_pipe_result pr;
-	if (!pa || kiln_pipe_simulate(&pwk, pa, r->err, &pr) != 0) {
+	if (!pa || kiln_pipe_simulate(&pwk, pa, NULL, &pr) != 0) {
+		/* Once more for the message, prefixed as every simulate error. */
+		char *msg = NULL;
+		size_t len = 0;
+		FILE *m = pa ? open_memstream(&msg, &len) : NULL;
+		if (m) {
+			kiln_pipe_simulate(&pwk, pa, m, &pr);
+			fclose(m);
+		}
+		fprintf(r->err, "kilnc: error: simulate: iteration %lld: %s%s", (long long)it,
+		        msg && len ? msg : "out of memory\n",
+		        msg && len && msg[len - 1] == '\n' ? "" : "\n");
+		free(msg);
 		kiln_arena_free(pa);
 		return -1;
 	}
@@ -501,7 +546,7 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 }
 
 /* The end of iteration it: its time, restarts, checkpoints, progress. */
-static void end_iteration(run *r, int64_t it, int *last_pct)
+static void end_iteration(run *r, int64_t it)
 {
 	const kiln_sim_config *cfg = r->cfg;
 	int64_t every = cfg->checkpoint_every > 0 ? cfg->checkpoint_every : 100;
@@ -520,12 +565,8 @@ static void end_iteration(run *r, int64_t it, int *last_pct)
 		if ((it + 1) % every == 0)
 			r->since_ckpt[k] = 0;
 	}
-	int pct = (int)((it + 1) * 10 / cfg->iterations);
-	if (cfg->progress && pct != *last_pct) {
-		fprintf(cfg->progress, "simulate: %lld of %lld iterations\n", (long long)(it + 1),
-		        (long long)cfg->iterations);
-		*last_pct = pct;
-	}
+	(void)it;
+	kiln_progress_add_aux(r->meter, 1);
 }
 
 /* Every thread's loop over the iterations and groups. */
@@ -533,7 +574,6 @@ static void *work(void *arg)
 {
 	worker *wk = arg;
 	run *r = wk->r;
-	int last_pct = -1;
 	pthread_mutex_lock(&r->gate);
 	while (r->go == 0)
 		pthread_cond_wait(&r->opened, &r->gate);
@@ -561,7 +601,7 @@ static void *work(void *arg)
 				return NULL;
 		}
 		if (wk->t == 0)
-			end_iteration(r, it, &last_pct);
+			end_iteration(r, it);
 	}
 	return NULL;
 }
@@ -590,11 +630,96 @@ static void scratch_free(scratch *sc)
 	free(sc->peak);
 }
 
+/* The threads a run of n policies takes (kiln_sim_config.threads). */
+static int32_t threads_for(const kiln_sim_config *cfg, int32_t n)
+{
+	int32_t threads = cfg->threads;
+	if (threads <= 0) {
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+		threads =
+		    cpus > 0 && cpus < KILN_SIM_MAX_THREADS ? (int32_t)cpus : KILN_SIM_MAX_THREADS;
+	}
+	threads = threads < n ? threads : n;
+	return threads < KILN_SIM_MAX_THREADS ? threads : KILN_SIM_MAX_THREADS;
+}
+
+int kiln_sim_cost_estimate(const kiln_sim_config *cfg, int32_t n, kiln_sim_cost *out)
+{
+	const kiln_compilation *c = cfg->c;
+	const kiln_model *m = c->model;
+	const kiln_ir_graph *g = c->graph;
+	double p = g->n_stages, mb = (double)m->micro_batches;
+	double v = m->schedule == KILN_SCHED_INTERLEAVED && m->vpp > 1 ? (double)m->vpp : 1;
+	double ep = m->moe ? (double)m->ep : 1;
+	double groups = m->moe ? (double)(m->dp * m->tp / m->ep) : 1;
+	if (groups < 1)
+		groups = 1;
+	if (cfg->max_groups > 0 && cfg->max_groups < groups)
+		groups = cfg->max_groups;
+	double most = 1, n_moe = 0;
+	for (int32_t s = 0; s < g->n_stages; s++) {
+		double nl = g->stages[s].layer_end - g->stages[s].layer_begin;
+		most = nl > most ? nl : most;
+	}
+	for (int32_t l = 0; l < g->n_layers; l++)
+		n_moe += g->layers[l].kind == KILN_LAYER_MOE;
+	double passes = cfg->exact ? ep : 1 + (ep < KILN_SIM_CANDIDATES ? ep : KILN_SIM_CANDIDATES);
+	*out = (kiln_sim_cost){.groups = groups,
+	                       .layers = g->n_layers,
+	                       .microbatches = mb,
+	                       .passes = passes,
+	                       .threads = threads_for(cfg, n)};
+	out->per_iteration = groups * n * (double)g->n_layers * mb * passes;
+	out->decisions = out->per_iteration * (double)cfg->iterations;
+	out->cpu_s = out->decisions * KILN_SIM_CPU_US_PER_DECISION * 1e-6;
+	/* What kiln_sim_run and kiln_pipe_run hold at once: per thread its
+	 * scratch (the pipeline's durations, two numbers per layer of the
+	 * largest stage per (stage, micro-batch), bytes held per micro-batch)
+	 * and one schedule being timed (ops and their positions); the loads
+	 * and their envelope; per policy the last iteration's schedule. */
+	double ops = 2 * p * v * mb;
+	double per_thread = 2 * 8 * p * v * mb + 2 * 8 * p * mb * 2 * most + 8 * mb +
+	                    ops * (double)(sizeof(kiln_pipe_op) + sizeof(int32_t));
+	double rows = mb * (n_moe > 0 ? n_moe : 1);
+	out->bytes = out->threads * per_thread + rows * (8 * ep + 12) +
+	             n * ops * (double)sizeof(kiln_pipe_op);
+	return 0;
+}
+
+/* 0 when c's counts fit the simulator's (32-bit micro-batch indices, as the
+ * runtime's queries take them; 2 * p * v * m pipeline ops in an int32), else
+ * -1 with a message: never a silent truncation. The frontend's limit
+ * (KILN_FRONTEND_MAX_MICRO_BATCHES) keeps descriptions well inside. */
+static int check_counts(const kiln_compilation *c, FILE *err)
+{
+	const kiln_model *m = c->model;
+	int64_t v = m->schedule == KILN_SCHED_INTERLEAVED && m->vpp > 1 ? m->vpp : 1;
+	int64_t p = c->graph->n_stages, mb = m->micro_batches;
+	if (mb < 1 || mb > INT32_MAX) {
+		fprintf(err,
+		        "kilnc: error: simulate: %lld micro-batches per iteration; the simulator "
+		        "takes 1 to %d\n",
+		        (long long)mb, INT32_MAX);
+		return -1;
+	}
+	if (v > INT32_MAX / 2 / p || mb > INT32_MAX / (2 * p * v)) {
+		fprintf(err,
+		        "kilnc: error: simulate: the pipeline schedule has 2 * p * v * m = 2 * "
+		        "%lld * %lld * %lld ops, over the limit of %d\n",
+		        (long long)p, (long long)v, (long long)mb, INT32_MAX);
+		return -1;
+	}
+	return 0;
+}
+
 int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policies, int32_t n,
                  kiln_arena *a, FILE *err, kiln_sim_result *out)
 {
 	world w, w2;
 	const kiln_compilation *c = cfg->c;
+	if (check_counts(c, err) != 0 ||
+	    (cfg->c_no_offload && check_counts(cfg->c_no_offload, err)))
+		return -1;
 	if (build_world(c, a, &w) != 0) {
 		fprintf(err, "kilnc: error: simulate: out of memory\n");
 		return -1;
@@ -605,13 +730,7 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 		fprintf(err, "kilnc: error: simulate: 1 to 64 policies at a time, got %d\n", (int)n);
 		return -1;
 	}
-	int32_t threads = cfg->threads;
-	if (threads <= 0) {
-		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-		threads = cpus > 0 && cpus < KILN_SIM_MAX_THREADS ? (int32_t)cpus : KILN_SIM_MAX_THREADS;
-	}
-	threads = threads < n ? threads : n;
-	threads = threads < KILN_SIM_MAX_THREADS ? threads : KILN_SIM_MAX_THREADS;
+	int32_t threads = threads_for(cfg, n);
 	run r = {.cfg = cfg, .w = &w, .w2 = &w2, .policies = policies, .out = out, .err = err,
 	         .n = n, .threads = threads, .gate = PTHREAD_MUTEX_INITIALIZER,
 	         .opened = PTHREAD_COND_INITIALIZER};
@@ -669,9 +788,18 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 		/* The arena is not for threads: the schedule's room now. */
 		r.ops[k] = kiln_arena_alloc(a, sizeof(kiln_pipe_op) * n_ops);
 	}
+	kiln_sim_cost cost;
+	kiln_sim_cost_estimate(cfg, n, &cost);
+	r.meter = kiln_progress_start(cfg->progress, "kilnc: simulate");
+	kiln_progress_line(
+	    r.meter, "kilnc: estimate     %.3g layer decisions: about %.0f s of CPU, %.0f MB\n",
+	    cost.decisions, cost.cpu_s, cost.bytes / 1e6);
+	kiln_progress_phase(r.meter, "", "layer decisions", (int64_t)cost.decisions);
+	kiln_progress_aux(r.meter, "iterations done");
 	for (int32_t t = 0; t < threads; t++) {
 		wks[t].r = &r;
 		wks[t].t = t;
+		wks[t].sc.meter = r.meter;
 	}
 	for (started = 1; started < threads; started++)
 		if (pthread_create(&wks[started].id, NULL, work, &wks[started]) != 0)
@@ -707,6 +835,7 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 out:
 	for (int32_t t = 1; t < started; t++)
 		pthread_join(wks[t].id, NULL);
+	kiln_progress_stop(r.meter);
 	if (barrier)
 		pthread_barrier_destroy(&r.phase);
 	for (int32_t k = 0; r.pols && k < n; k++)

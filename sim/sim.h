@@ -80,12 +80,28 @@ void kiln_load_sample(const kiln_load_profile *p, const kiln_load_shape *shape, 
                       int64_t iteration, int32_t microbatch, int32_t layer, int32_t group,
                       double *out);
 
+/* What a CSV trace may hold, for the reader (kiln_load_parse) and the
+ * writer (kiln_load_write_csv) alike: a regular file of at most this many
+ * bytes and data rows. */
+#define KILN_LOAD_TRACE_MAX_BYTES ((int64_t)256 << 20)
+#define KILN_LOAD_TRACE_MAX_ROWS 10000000
+
 /* Writes the samples of p for group 0 as a CSV trace (docs/simulator.md,
- * "Traces"): header iteration,microbatch,layer,rank,factor, then one row per
- * (iteration below iterations, micro-batch, MoE layer, EP rank) of shape,
- * factors printed exactly (%.17g). Returns 0, or -1 when writing failed. */
+ * "Traces"): a comment line, the header iteration,microbatch,layer,rank,factor,
+ * then one row per (iteration below iterations, micro-batch, MoE layer, EP
+ * rank) of shape, factors printed exactly (%.17g). Returns 0, or -1 when
+ * writing failed or the rows exceed KILN_LOAD_TRACE_MAX_ROWS (nothing is
+ * written then). */
 int kiln_load_write_csv(const kiln_load_profile *p, const kiln_load_shape *shape, uint64_t seed,
                         int64_t iterations, FILE *f);
+/* The data rows kiln_load_write_csv writes: iterations x micro-batches x
+ * MoE layers x EP ranks of shape, INT64_MAX when that overflows. O(1). */
+int64_t kiln_load_csv_rows(const kiln_load_shape *shape, int64_t iterations);
+/* The exact bytes kiln_load_write_csv writes, found by formatting every row
+ * without writing it; -1 when the rows exceed KILN_LOAD_TRACE_MAX_ROWS (so
+ * the count costs at most that many rows) or the shape cannot be written. */
+int64_t kiln_load_csv_bytes(const kiln_load_profile *p, const kiln_load_shape *shape, uint64_t seed,
+                            int64_t iterations);
 
 /* What a parsed trace covers: the iterations first_iteration ..
  * first_iteration + iterations - 1 (replayed modulo iterations), layer
@@ -102,12 +118,31 @@ typedef struct kiln_load_trace_info {
 /* Describes t (borrowed) into *out. */
 void kiln_load_trace_describe(const kiln_load_trace *t, kiln_load_trace_info *out);
 
+/* Checks t against the shape it replays on (docs/simulator.md, "Traces
+ * checked against the model") and reports on err as "PATH:LINE: warning:
+ * ..." (the replay goes on: rows it ignores, token counts that do not add up
+ * to the routed rows, factors that do not average 1 or exceed what routing
+ * can produce, iterations, micro-batches and ranks left out) or "PATH:LINE:
+ * error: ..." (a replay would be meaningless: more token columns than
+ * experts per rank, no row within the shape). One line per kind of
+ * finding, its first occurrence with a count. Returns the number of errors.
+ * O(rows). */
+int kiln_load_trace_check(const kiln_load_trace *t, const kiln_load_shape *shape, FILE *err);
+
 /* ---------------------------------------------------------------- sim.c (shape) */
 
 /* The load shape the simulator samples for c's model: EP ranks, local
  * experts, top-k, tokens of a micro-batch entering one EP group, micro-
  * batches per iteration and MoE layers. */
 void kiln_sim_load_shape(const struct kiln_compilation *c, kiln_load_shape *out);
+
+/* The largest load factor routing can produce on one rank of shape s: every
+ * token sends its top_k rows to distinct experts, at most
+ * min(top_k, experts_per_rank) of them on one rank, so a rank receives at
+ * most tokens * min(top_k, experts_per_rank) rows against tokens * top_k /
+ * ep balanced: ep * min(top_k, experts_per_rank) / top_k (1 for ep 1). The
+ * simulator clamps every sampled factor to [0, this]. */
+double kiln_sim_load_factor_max(const kiln_load_shape *s);
 
 /* ---------------------------------------------------------------- pipeline.c */
 
@@ -269,7 +304,7 @@ typedef struct kiln_sim_config {
 	int64_t checkpoint_every;   /* iterations between checkpoints (progress since is lost) */
 	int exact;                  /* 1: every EP rank; 0: the statistical method (sim.c) */
 	int32_t max_groups;         /* EP groups simulated (0: all) */
-	FILE *progress;             /* one line per 10% when set */
+	FILE *progress;             /* a terminal: a status line of the run's progress */
 	int32_t threads;            /* threads to run the policies on (0: one per online CPU,
 	                               at most 8); the results do not depend on it */
 	/* When set (a second handle on cfg->rt's blob), the kiln policy's
@@ -300,8 +335,37 @@ typedef struct kiln_sim_result {
 } kiln_sim_result;
 
 /* Runs cfg's iterations for each of the n policies. out[n] is filled,
- * peak_bytes arena-owned. Returns 0, or -1 with a message on err. */
+ * peak_bytes arena-owned. With cfg->progress a status line counts the
+ * layer decisions done (kiln_sim_cost_estimate's) and the iterations.
+ * Returns 0, or -1 with a message on err. */
 int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policies, int32_t n,
                  kiln_arena *a, FILE *err, kiln_sim_result *out);
+
+/* What kiln_sim_run of n policies on cfg costs, from the compilation's
+ * shape alone (docs/cli.md, "Cost bounds"). The work is layer decisions:
+ * per iteration, simulated EP group and policy, every layer of every stage
+ * for every micro-batch, once per rank followed (exact: ep; the
+ * statistical method: the envelope and min(ep, 4) candidates); the
+ * pipeline's 2 * p * v * m ops per run are fewer. The memory is what one
+ * iteration holds (nothing grows with iterations). */
+typedef struct kiln_sim_cost {
+	double groups, layers, microbatches, passes; /* the factors of per_iteration, with n */
+	double per_iteration;                        /* decisions */
+	double decisions;                            /* all iterations */
+	double cpu_s;                                /* at KILN_SIM_CPU_US_PER_DECISION */
+	double bytes; /* working memory, the compilation's own excluded */
+	int32_t threads;
+} kiln_sim_cost;
+
+/* The bounds kilnc simulate holds a run to (1e10 decisions: about 20
+ * minutes of CPU), and the measured CPU of one decision (kimi-k2-1t with
+ * every policy: 70.5 s for 5.8e8, docs/simulator.md "How long it takes";
+ * 0.05 to 0.12 us on one 2.8 GHz core). */
+#define KILN_SIM_MAX_DECISIONS 1e10
+#define KILN_SIM_MAX_BYTES (4.0 * 1073741824.0)
+#define KILN_SIM_CPU_US_PER_DECISION 0.12
+
+/* Fills out for n policies (1 to 64) of cfg (cfg->c finished). Returns 0. */
+int kiln_sim_cost_estimate(const kiln_sim_config *cfg, int32_t n, kiln_sim_cost *out);
 
 #endif

@@ -684,6 +684,40 @@ Test(frontend_rules, global_batch_divisible_by_micro_batch_times_dp)
 	               "dp (2 * 4)");
 }
 
+/* Micro-batches per iteration are global_batch / (micro_batch * dp), at
+ * most KILN_FRONTEND_MAX_MICRO_BATCHES = 2^20, reported at global_batch:
+ * 4,294,967,300 = 2^32 + 4 (which a 32-bit count reads as 4) and 2^62 (a
+ * 32-bit count reads as 0) are refused; 2^20 itself is accepted. */
+Test(frontend_rules, micro_batches_per_iteration_limited)
+{
+	expect_invalid(DENSE_MODEL "training:\n"
+	                           "  global_batch: 4294967300\n"
+	                           "parallel: {devices: 1}\n"
+	                           "hardware: bw1000\n",
+	               "m.yaml:10:17: error: micro-batches per iteration (global_batch / "
+	               "(micro_batch * dp) = 4294967300 / (1 * 1) = 4294967300) exceed the limit "
+	               "of 1048576");
+	expect_invalid(DENSE_MODEL "training:\n"
+	                           "  global_batch: 4611686018427387904\n"
+	                           "parallel: {devices: 1}\n"
+	                           "hardware: bw1000\n",
+	               "m.yaml:10:17: error: micro-batches per iteration (global_batch / "
+	               "(micro_batch * dp) = 4611686018427387904 / (1 * 1) = 4611686018427387904) "
+	               "exceed the limit of 1048576");
+	/* 2^20 + 1 with dp 2: 2 * (2^20 + 1) sequences; the value starts at column
+	 * 26 ("training: {" is 11 characters, "global_batch: " 14). */
+	expect_invalid(DENSE_MODEL "training: {global_batch: 2097154}\n"
+	                           "parallel: {devices: 2}\n"
+	                           "hardware: bw1000\n",
+	               "m.yaml:9:26: error: micro-batches per iteration (global_batch / "
+	               "(micro_batch * dp) = 2097154 / (1 * 2) = 1048577) exceed the limit of "
+	               "1048576");
+	kiln_model *m = load_ok(DENSE_MODEL "training: {global_batch: 2097152}\n"
+	                                    "parallel: {devices: 2}\n"
+	                                    "hardware: bw1000\n");
+	cr_expect_eq(m->micro_batches, 1048576);
+}
+
 Test(frontend_rules, schedule_vpp_and_pp)
 {
 	expect_invalid(DENSE_MODEL "training: {global_batch: 8}\n"

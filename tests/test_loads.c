@@ -1071,3 +1071,181 @@ Test(loads, trace_numbers_follow_the_one_rule)
 	            "%s:2: error: column 'microbatch' is '9223372036854775808', over the limit "
 	            "2147483646\n");
 }
+
+/* ---------------------------------------------------------------- traces checked against the model
+ */
+
+/* The shape of the checks below: 2 EP ranks of 2 local experts, top-2, 100
+ * tokens per micro-batch entering the group, so 100 * 2 = 200 routed rows
+ * per micro-batch and layer (100 balanced per rank), 2 micro-batches, 1 MoE
+ * layer; routing puts at most 100 * min(2, 2) = 200 rows on one rank, load
+ * factor 2 * 2 / 2 = 2. */
+static kiln_load_shape check_shape(void)
+{
+	return (kiln_load_shape){.ep = 2,
+	                         .experts_per_rank = 2,
+	                         .top_k = 2,
+	                         .tokens = 100,
+	                         .microbatches = 2,
+	                         .layers = 1};
+}
+
+/* Parses text as a trace and checks it against s: the errors returned must
+ * be want_errors and the report exactly want_fmt, each "%s" the path. */
+static void trace_checks(const char *text, kiln_load_shape s, int want_errors, const char *want_fmt)
+{
+	char *path;
+	kiln_load_profile *p = trace_ok(text, &path);
+	char want[4096];
+	snprintf(want, sizeof want, want_fmt, path, path, path, path, path, path);
+	free(diag);
+	diag = NULL;
+	FILE *f = open_memstream(&diag, &diag_len);
+	cr_assert_not_null(f);
+	int errors = kiln_load_trace_check(p->trace, &s, f);
+	fclose(f);
+	cr_expect_eq(errors, want_errors, "%s", diag);
+	cr_expect_str_eq(diag, want);
+	unlink(path);
+	free(path);
+}
+
+/* Every key the replay looks up has a row, the factors of each micro-batch
+ * and layer average 1 ((1.5 + 0.5) / 2, (0.75 + 1.25) / 2): nothing to
+ * say. Likewise token counts adding up to 200 (60 + 40 + 100 + 0). */
+Test(loads, trace_that_fits_the_model_passes_silently)
+{
+	trace_checks("iteration,microbatch,layer,rank,factor\n"
+	             "0,0,0,0,1.5\n0,0,0,1,0.5\n0,1,0,0,0.75\n0,1,0,1,1.25\n",
+	             check_shape(), 0, "");
+	trace_checks("iteration,microbatch,layer,rank,e0,e1\n"
+	             "0,0,0,0,60,40\n0,0,0,1,100,0\n0,1,0,0,50,50\n0,1,0,1,25,75\n",
+	             check_shape(), 0, "");
+}
+
+/* Three token columns on a model with two experts per rank: recorded with
+ * another layout, an error at the header. Two of four: a warning (the
+ * other two experts count as nothing). One column is a rank's total, as
+ * docs/simulator.md allows. */
+Test(loads, trace_token_columns_against_experts_per_rank)
+{
+	trace_checks("iteration,microbatch,layer,rank,e0,e1,e2\n"
+	             "0,0,0,0,60,20,20\n0,0,0,1,100,0,0\n0,1,0,0,50,50,0\n0,1,0,1,25,75,0\n",
+	             check_shape(), 1,
+	             "%s:1: error: the header has 3 per-expert token columns, but the model has 2 "
+	             "experts per EP rank (ep 2): the trace was recorded with another expert "
+	             "layout\n");
+	kiln_load_shape s4 = check_shape();
+	s4.experts_per_rank = 4; /* at most 100 * min(2, 4) = 200 rows per rank still */
+	trace_checks(
+	    "iteration,microbatch,layer,rank,e0,e1\n"
+	    "0,0,0,0,60,40\n0,0,0,1,100,0\n0,1,0,0,50,50\n0,1,0,1,25,75\n",
+	    s4, 0,
+	    "%s:1: warning: the header has 2 per-expert token columns, but the model has 4 "
+	    "experts per EP rank: the rank's other experts count as 0 rows\n");
+	trace_checks("iteration,microbatch,layer,rank,tokens\n"
+	             "0,0,0,0,100\n0,0,0,1,100\n0,1,0,0,150\n0,1,0,1,50\n",
+	             check_shape(), 0, "");
+}
+
+/* Rows the replay never reads: rank 2 of a 2-rank group (lines 4 and 5),
+ * micro-batch 2 of 2 (line 8), layer 1 of 1 (line 9); each named once at
+ * its first line with the count. */
+Test(loads, trace_rows_beyond_the_model_are_named)
+{
+	trace_checks(
+	    "iteration,microbatch,layer,rank,factor\n"
+	    "0,0,0,0,1\n0,0,0,1,1\n0,0,0,2,1\n0,0,0,3,1\n"
+	    "0,1,0,0,1\n0,1,0,1,1\n"
+	    "0,2,0,0,1\n"
+	    "0,0,1,0,1\n",
+	    check_shape(), 0,
+	    "%s:4: warning: rank 2 is beyond the model's 2 EP ranks (0 to 1): the row is "
+	    "ignored (2 rows in all)\n"
+	    "%s:8: warning: micro-batch 2 is beyond the model's 2 per iteration: the row is "
+	    "ignored\n"
+	    "%s:9: warning: layer 1 is beyond the model's 1 MoE layers: the row is ignored\n");
+}
+
+/* Token counts must add up to the 200 rows a micro-batch routes through a
+ * layer: line 2's micro-batch has 60 + 40 + 50 + 0 = 150, line 4's 250;
+ * the first is named with the count of such micro-batch layers. */
+Test(loads, trace_token_counts_must_add_up_to_the_routed_rows)
+{
+	trace_checks(
+	    "iteration,microbatch,layer,rank,e0,e1\n"
+	    "0,0,0,0,60,40\n0,0,0,1,50,0\n0,1,0,0,100,100\n0,1,0,1,25,25\n",
+	    check_shape(), 0,
+	    "%s:2: warning: the token counts of iteration 0, micro-batch 0, layer 0 add up "
+	    "to 150 rows, but the model routes tokens * top_k = 100 * 2 = 200 per "
+	    "micro-batch and MoE layer (2 micro-batch layers in all)\n");
+}
+
+/* Factors average 1 when rows are conserved: (1.5 + 1) / 2 = 1.25 is not. */
+Test(loads, trace_factors_must_average_one)
+{
+	trace_checks(
+	    "iteration,microbatch,layer,rank,factor\n"
+	    "0,0,0,0,1.5\n0,0,0,1,1\n0,1,0,0,1\n0,1,0,1,1\n",
+	    check_shape(), 0,
+	    "%s:2: warning: the factors of iteration 0, micro-batch 0, layer 0 average 1.25, "
+	    "not 1 (routing conserves rows)\n");
+}
+
+/* A factor of 1e9, or 1e12 tokens (1e10 of the 100 balanced rows), is more
+ * than the factor 2 routing can reach here: named, and replayed as 2 (the
+ * simulator clamps it; tests/test_sim.c). */
+Test(loads, trace_loads_beyond_routing_are_named)
+{
+	trace_checks(
+	    "iteration,microbatch,layer,rank,factor\n"
+	    "0,0,0,0,1e9\n0,0,0,1,0\n0,1,0,0,1\n0,1,0,1,1\n",
+	    check_shape(), 0,
+	    "%s:2: warning: factor 1000000000 is more than routing can put on one rank (ep * "
+	    "min(top_k, experts per rank) / top_k = 2): replayed as 2\n"
+	    "%s:2: warning: the factors of iteration 0, micro-batch 0, layer 0 average "
+	    "500000000, not 1 (routing conserves rows)\n");
+	trace_checks(
+	    "iteration,microbatch,layer,rank,e0,e1\n"
+	    "0,0,0,0,1e12,0\n0,0,0,1,0,0\n0,1,0,0,100,0\n0,1,0,1,0,100\n",
+	    check_shape(), 0,
+	    "%s:2: warning: 1000000000000 tokens make load factor 1e+10, more than routing "
+	    "can put on one rank (ep * min(top_k, experts per rank) / top_k = 2): replayed "
+	    "as 2\n"
+	    "%s:2: warning: the token counts of iteration 0, micro-batch 0, layer 0 add up "
+	    "to 1000000000000 rows, but the model routes tokens * top_k = 100 * 2 = 200 per "
+	    "micro-batch and MoE layer\n");
+}
+
+/* Left out, replayed balanced: iterations 1 and 2 (between 0 and 3, named
+ * at line 4, the first row after the gap), micro-batch 1 in every
+ * iteration (named at the header), rank 1 of iteration 3's micro-batch 0
+ * (line 4). The replay looks up 4 iterations x 2 micro-batches x 1 layer x
+ * 2 ranks = 16 keys; the trace has 3 of them. */
+Test(loads, trace_iterations_and_micro_batches_left_out_are_named)
+{
+	trace_checks(
+	    "iteration,microbatch,layer,rank,factor\n"
+	    "0,0,0,0,1\n0,0,0,1,1\n"
+	    "3,0,0,0,1\n",
+	    check_shape(), 0,
+	    "%s:4: warning: iteration 3 follows iteration 0: iterations 1 to 2 have no rows "
+	    "and replay balanced (1.0)\n"
+	    "%s:1: warning: the trace has micro-batches 0 to 0, but the model runs 2 per "
+	    "iteration: micro-batches 1 to 1 replay balanced (1.0)\n"
+	    "%s:4: warning: iteration 3, micro-batch 0, layer 0 has no row for rank 1: it "
+	    "replays balanced (1.0)\n"
+	    "%s:1: warning: 13 of the 16 (iteration, micro-batch, layer, rank) keys the "
+	    "replay looks up have no row and replay balanced (1.0)\n");
+}
+
+/* No row within 2 ranks and 2 micro-batches: nothing would replay. */
+Test(loads, trace_with_nothing_to_replay_is_an_error)
+{
+	trace_checks(
+	    "iteration,microbatch,layer,rank,factor\n"
+	    "0,0,0,5,1\n0,9,0,0,1\n",
+	    check_shape(), 1,
+	    "%s:1: error: no row of the trace lies within the model's shape (2 EP ranks, 2 "
+	    "micro-batches per iteration, 1 MoE layers): nothing would be replayed\n");
+}

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "codegen/codegen.h"
@@ -418,4 +419,311 @@ Test(sim, cli_table_json_and_errors)
 	kt_run_free(&r);
 	unlink(other);
 	free(other);
+}
+
+/* Writes text to a temporary .csv trace; the caller unlinks and frees. */
+static char *trace_of(const char *text)
+{
+	return kt_temp_file(".csv", text, strlen(text));
+}
+
+/* tiny: ep 4, 2 experts per rank, top-2, so routing puts at most
+ * min(2, 2) / 2 * 4 = 4x the balanced rows on one rank (1,024 tokens of a
+ * micro-batch entering the group, 512 balanced rows per rank). A trace
+ * asking for a factor of 1e9, 1e308 (whose rows overflow a double) or
+ * 1e12 tokens is replayed as a factor of 4: the very simulation a trace
+ * giving 4 makes, for every policy, and never an out-of-range conversion
+ * (before, a SIGSEGV). */
+Test(sim, trace_loads_beyond_routing_replay_as_the_routing_maximum, .timeout = 300)
+{
+	fixture f;
+	setup(&f, "examples/models/tiny.yaml");
+	static const char *const texts[] = {
+	    "iteration,microbatch,layer,rank,factor\n0,1,2,3,4\n",
+	    "iteration,microbatch,layer,rank,factor\n0,1,2,3,1e9\n",
+	    "iteration,microbatch,layer,rank,factor\n0,1,2,3,1e308\n",
+	    "iteration,microbatch,layer,rank,e0,e1\n0,1,2,3,1e12,0\n",
+	};
+	kiln_sim_result r[4][KILN_SIM_POLICY_COUNT];
+	char *paths[4];
+	for (int t = 0; t < 4; t++) {
+		paths[t] = trace_of(texts[t]);
+		run(&f, paths[t], 3, 1, r[t]);
+	}
+	for (int t = 1; t < 4; t++)
+		for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
+			const char *name = kiln_sim_policy_name((kiln_sim_policy_kind)k);
+			cr_expect_eq(r[t][k].tokens_per_s, r[0][k].tokens_per_s, "%s: %s", texts[t],
+			             name);
+			cr_expect_eq(r[t][k].ooms, r[0][k].ooms, "%s: %s", texts[t], name);
+			for (int32_t s = 0; s < r[0][k].n_stages; s++)
+				cr_expect_eq(r[t][k].peak_bytes[s], r[0][k].peak_bytes[s], "%s: %s",
+				             texts[t], name);
+		}
+	/* The factor 4 is a real spike: unbounded holds more than at load 1. */
+	kiln_sim_result bal[KILN_SIM_POLICY_COUNT];
+	run(&f, "balanced", 3, 1, bal);
+	cr_expect_gt(r[0][KILN_SIM_UNBOUNDED].peak_bytes[1], bal[KILN_SIM_UNBOUNDED].peak_bytes[1]);
+	/* The command replays them too, with a warning naming the line. */
+	kt_run x = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                          "--policy", "all", "--iters", "2", "--loads",
+	                                          paths[3], NULL},
+	                    NULL);
+	cr_expect_eq(x.status, 0, "%s", x.err);
+	char want[512];
+	snprintf(want, sizeof want,
+	         "%s:2: warning: 1000000000000 tokens make load factor 1.95312e+09, more than "
+	         "routing can put on one rank",
+	         paths[3]);
+	cr_expect_not_null(strstr(x.err, want), "%s", x.err);
+	kt_run_free(&x);
+	for (int t = 0; t < 4; t++) {
+		unlink(paths[t]);
+		free(paths[t]);
+	}
+	teardown(&f);
+}
+
+/* A compilation built past the frontend (which allows 2^20 micro-batches)
+ * with 2^32 + 4 of them: the simulator refuses it with a prefixed message,
+ * never simulates 4 (the count cut to 32 bits). */
+Test(sim, micro_batch_counts_are_never_truncated)
+{
+	kt_model t;
+	kt_model_init(&t);
+	t.m.global_batch = ((int64_t)1 << 32) + 4;
+	kt_model_finish(&t);
+	cr_assert_eq(t.m.micro_batches, ((int64_t)1 << 32) + 4);
+	kiln_arena *a = kiln_arena_new();
+	kiln_compilation c = {.model = &t.m, .arena = a};
+	cr_assert_eq(kiln_pipeline_compile(&c, NULL, NULL, NULL, stderr), 0);
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse("balanced", 2.0, a, stderr, &prof), 0);
+	kiln_sim_config cfg = {.c = &c, .loads = prof, .iterations = 1, .restart_s = 284};
+	kiln_sim_policy_kind k = KILN_SIM_UNBOUNDED;
+	kiln_sim_result res;
+	char *msg = NULL;
+	size_t len = 0;
+	FILE *err = open_memstream(&msg, &len);
+	cr_assert_not_null(err);
+	int rc = kiln_sim_run(&cfg, &k, 1, a, err, &res);
+	fclose(err);
+	cr_expect_eq(rc, -1);
+	cr_expect_str_eq(msg, "kilnc: error: simulate: 4294967300 micro-batches per iteration; the "
+	                      "simulator takes 1 to 2147483647\n");
+	free(msg);
+	kiln_arena_free(a);
+}
+
+/* --emit-loads writes nothing --loads would refuse, and says so before
+ * writing anything (exit 2). tiny: 4 micro-batches x 7 MoE layers x 4
+ * ranks = 112 rows per iteration, so 90,000 iterations are 10,080,000 rows
+ * (over 10,000,000) and 10^8 are 11,200,000,000 (which would fill a disk
+ * rather than finish); 80,000 are 8,960,000 rows of at least 28 bytes each
+ * ("7xxxx,m,l,r," is 12 and a 17-digit factor 16 more), over 256 MiB. The
+ * byte count is exact: the file of 3 iterations is as long as it says. */
+Test(sim, emitted_loads_stay_within_what_loads_reads, .timeout = 300)
+{
+	char *path = kt_temp_file(".csv", "", 0);
+	unlink(path);
+	const char *tiny = kt_src("examples/models/tiny.yaml");
+	kt_run r = kt_kilnc(
+	    (const char *const[]){"simulate", tiny, "--iters", "90000", "--emit-loads", path, NULL},
+	    NULL);
+	cr_expect_eq(r.status, 2, "%s", r.err);
+	cr_expect_not_null(strstr(r.err, "90000 iterations x 4 micro-batches x 7 MoE layers x 4 EP "
+	                                 "ranks = 10080000 rows, over the 10000000 rows --loads "
+	                                 "reads; use --iters 89285 or fewer"),
+	                   "%s", r.err);
+	cr_expect_neq(access(path, F_OK), 0, "a file was written");
+	kt_run_free(&r);
+	r = kt_kilnc((const char *const[]){"simulate", tiny, "--iters", "100000000", "--emit-loads",
+	                                   path, "--policy", "kiln", NULL},
+	             NULL);
+	cr_expect_eq(r.status, 2, "%s", r.err);
+	cr_expect_not_null(strstr(r.err, "= 11200000000 rows, over the 10000000 rows"), "%s",
+	                   r.err);
+	cr_expect_neq(access(path, F_OK), 0, "a file was written");
+	kt_run_free(&r);
+	r = kt_kilnc(
+	    (const char *const[]){"simulate", tiny, "--iters", "80000", "--emit-loads", path, NULL},
+	    NULL);
+	cr_expect_eq(r.status, 2, "%s", r.err);
+	cr_expect_not_null(strstr(r.err, "8960000 rows make "), "%s", r.err);
+	cr_expect_not_null(strstr(r.err, "bytes, over the 268435456 bytes (256 MiB) --loads reads"),
+	                   "%s", r.err);
+	cr_expect_neq(access(path, F_OK), 0, "a file was written");
+	kt_run_free(&r);
+	/* Exact: what kiln_load_csv_bytes counts is what is written. */
+	fixture f;
+	setup(&f, "examples/models/tiny.yaml");
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse("paper", 3.0, f.a, stderr, &prof), 0);
+	kiln_load_shape shape;
+	kiln_sim_load_shape(&f.c, &shape);
+	cr_expect_eq(kiln_load_csv_rows(&shape, 3), 3 * 112);
+	r = kt_kilnc(
+	    (const char *const[]){"simulate", tiny, "--iters", "3", "--emit-loads", path, NULL},
+	    NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	struct stat st;
+	cr_assert_eq(stat(path, &st), 0);
+	cr_expect_eq(kiln_load_csv_bytes(prof, &shape, 1, 3), (int64_t)st.st_size);
+	teardown(&f);
+	unlink(path);
+	free(path);
+}
+
+/* A trace recorded with another expert layout (three token columns; tiny
+ * has two experts per rank) is bad input: exit 1 with the line. */
+Test(sim, trace_of_another_layout_is_refused)
+{
+	char *path = trace_of("iteration,microbatch,layer,rank,e0,e1,e2\n0,0,0,0,1,2,3\n");
+	kt_run r = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                          "--policy", "kiln", "--loads", path, NULL},
+	                    NULL);
+	cr_expect_eq(r.status, 1, "%s", r.err);
+	char want[512];
+	snprintf(want, sizeof want,
+	         "%s:1: error: the header has 3 per-expert token columns, but the model has 2 "
+	         "experts per EP rank (ep 4)",
+	         path);
+	cr_expect_not_null(strstr(r.err, want), "%s", r.err);
+	cr_expect_eq(r.out_len, 0, "%s", r.out);
+	kt_run_free(&r);
+	unlink(path);
+	free(path);
+}
+
+/* examples/traces/router_log_to_trace.py turns a router log into a token
+ * trace. tiny: 4 EP ranks of 2 experts, 1,024 tokens per micro-batch and
+ * group, top-2: 2,048 routed rows per micro-batch and MoE layer, 512 per
+ * rank balanced. The log (Megatron's 1-based layer numbers 2 to 8 are
+ * tiny's seven MoE layers; every second record tagged inside a log line)
+ * gives every expert 256 tokens (factor 512 / 512 = 1), except in
+ * iteration 1, micro-batch 2, layer 2, where rank 3's experts take 640
+ * each (1,280 rows: 2.5) and the others' 128 (256 rows: 0.5). Replayed,
+ * that is exactly the simulation of the factor trace written by hand with
+ * 2.5 and 0.5 there and 1 elsewhere, without a warning. */
+Test(sim, router_log_converts_to_a_trace_that_replays, .timeout = 120)
+{
+	char *log = kt_temp_file(".log", "", 0);
+	FILE *f = fopen(log, "w");
+	cr_assert_not_null(f);
+	fputs("iteration 0 | lm loss 9.87 | this line is not a record\n", f);
+	for (int it = 0; it < 2; it++)
+		for (int mb = 0; mb < 4; mb++)
+			for (int layer = 2; layer <= 8; layer++)
+				for (int r = 0; r < 4; r++) {
+					int spike = it == 1 && mb == 2 && layer == 2, e = 256;
+					if (spike)
+						e = r == 3 ? 640 : 128;
+					fprintf(
+					    f,
+					    "%s{\"iteration\": %d, \"microbatch\": %d, \"layer\": "
+					    "%d, "
+					    "\"ep_rank\": %d, \"tokens_per_expert\": [%d, %d]}\n",
+					    r % 2 ? "[rank 1] kiln-tokens " : "", it, mb, layer, r,
+					    e, e);
+				}
+	cr_assert_eq(fclose(f), 0);
+	char *tokens = kt_temp_file(".csv", "", 0);
+	char *out = NULL;
+	int rc = kt_sh(&out, "/usr/bin/python3 '%s' '%s' -o '%s'",
+	               kt_src("examples/traces/router_log_to_trace.py"), log, tokens);
+	cr_assert_eq(rc, 0, "%s", out);
+	free(out);
+	/* The same loads as factors, by hand. */
+	char *factors = kt_temp_file(".csv", "", 0);
+	f = fopen(factors, "w");
+	cr_assert_not_null(f);
+	fputs("iteration,microbatch,layer,rank,factor\n", f);
+	for (int it = 0; it < 2; it++)
+		for (int mb = 0; mb < 4; mb++)
+			for (int l = 0; l < 7; l++)
+				for (int r = 0; r < 4; r++)
+					fprintf(f, "%d,%d,%d,%d,%s\n", it, mb, l, r,
+					        it == 1 && mb == 2 && l == 0
+					            ? (r == 3 ? "2.5" : "0.5")
+					            : "1");
+	cr_assert_eq(fclose(f), 0);
+	kt_run a = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                          "--policy", "all", "--iters", "4", "--json",
+	                                          "--loads", tokens, NULL},
+	                    NULL);
+	kt_run b = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                          "--policy", "all", "--iters", "4", "--json",
+	                                          "--loads", factors, NULL},
+	                    NULL);
+	cr_assert_eq(a.status, 0, "%s", a.err);
+	cr_assert_eq(b.status, 0, "%s", b.err);
+	cr_expect_eq(a.err_len, 0, "warnings on the converted trace:\n%s", a.err);
+	kiln_json *ja = kiln_json_parse(a.out, a.out_len), *jb = kiln_json_parse(b.out, b.out_len);
+	cr_assert(ja && jb);
+	const kiln_json *pa = kiln_json_get(ja, "policies"), *pb = kiln_json_get(jb, "policies");
+	cr_assert_eq(kiln_json_size(pa), KILN_SIM_POLICY_COUNT);
+	for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
+		static const char *const keys[] = {"tokens_per_s", "iteration_s", "ooms",
+		                                   "exposed_recompute_s", "exposed_copy_s"};
+		for (size_t j = 0; j < sizeof keys / sizeof keys[0]; j++)
+			cr_expect_eq(kiln_json_number(kiln_json_get(kiln_json_at(pa, k), keys[j])),
+			             kiln_json_number(kiln_json_get(kiln_json_at(pb, k), keys[j])),
+			             "%s %s", kiln_sim_policy_name((kiln_sim_policy_kind)k),
+			             keys[j]);
+		const kiln_json *ka = kiln_json_get(kiln_json_at(pa, k), "peak_bytes"),
+		                *kb = kiln_json_get(kiln_json_at(pb, k), "peak_bytes");
+		for (int s = 0; s < kiln_json_size(ka); s++)
+			cr_expect_eq(kiln_json_number(kiln_json_at(ka, s)),
+			             kiln_json_number(kiln_json_at(kb, s)));
+	}
+	/* The spike is seen: unbounded holds more on stage 0 than balanced. */
+	kt_run c = kt_kilnc((const char *const[]){"simulate", kt_src("examples/models/tiny.yaml"),
+	                                          "--policy", "all", "--iters", "4", "--json",
+	                                          "--loads", "balanced", NULL},
+	                    NULL);
+	kiln_json *jc = kiln_json_parse(c.out, c.out_len);
+	cr_assert_not_null(jc);
+	cr_expect_gt(
+	    kiln_json_number(
+	        kiln_json_at(kiln_json_get(kiln_json_at(pa, KILN_SIM_UNBOUNDED), "peak_bytes"), 0)),
+	    kiln_json_number(kiln_json_at(
+	        kiln_json_get(kiln_json_at(kiln_json_get(jc, "policies"), KILN_SIM_UNBOUNDED),
+	                      "peak_bytes"),
+	        0)));
+	kiln_json_free(ja);
+	kiln_json_free(jb);
+	kiln_json_free(jc);
+	kt_run_free(&a);
+	kt_run_free(&b);
+	kt_run_free(&c);
+	/* A record given twice and one with three experts: exit 1, each
+	 * error at its line, nothing written. */
+	f = fopen(log, "w");
+	cr_assert_not_null(f);
+	fputs("{\"iteration\": 0, \"microbatch\": 0, \"layer\": 2, \"ep_rank\": 0, "
+	      "\"tokens_per_expert\": [1, 2]}\n"
+	      "{\"iteration\": 0, \"microbatch\": 0, \"layer\": 2, \"ep_rank\": 0, "
+	      "\"tokens_per_expert\": [3, 4]}\n"
+	      "{\"iteration\": 0, \"microbatch\": 0, \"layer\": 2, \"ep_rank\": 1, "
+	      "\"tokens_per_expert\": [3, 4, 5]}\n",
+	      f);
+	cr_assert_eq(fclose(f), 0);
+	unlink(tokens);
+	rc = kt_sh(&out, "/usr/bin/python3 '%s' '%s' -o '%s'",
+	           kt_src("examples/traces/router_log_to_trace.py"), log, tokens);
+	cr_expect_eq(rc, 1, "%s", out);
+	char want[1024];
+	snprintf(want, sizeof want,
+	         "%s:2: error: a second record for iteration 0, micro-batch 0, layer 2, EP rank 0 "
+	         "(the first is on line 1)\n%s:3: error: 3 token counts, but line 1 has 2",
+	         log, log);
+	cr_expect_not_null(strstr(out, want), "%s", out);
+	cr_expect_neq(access(tokens, F_OK), 0, "a trace was written");
+	free(out);
+	unlink(log);
+	unlink(factors);
+	free(log);
+	free(tokens);
+	free(factors);
 }

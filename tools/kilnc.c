@@ -141,7 +141,8 @@ static const char HELP_COMPILE[] =
     "the blob is not (a plan that cannot take the load it promises must not\n"
     "reach a trainer).\n"
     "Exit status 3, with each stage and its largest feasible load factor on\n"
-    "stderr, when load.max_factor does not fit on some stage.\n"
+    "stderr, when load.max_factor does not fit on some stage. Exit status 1,\n"
+    "nothing written, past the cost bound of docs/cli.md (2^20 unit choices).\n"
     "Progress goes to stderr when stderr is a terminal.\n";
 
 static const char HELP_VIZ[] =
@@ -876,6 +877,8 @@ static int cmd_compile(int argc, char **argv)
 	if (rc == -2) {
 		usage_error("--dump-after: no pass named '%s'", o.dump_after);
 		rc = EXIT_USAGE;
+	} else if (rc == -3) {
+		rc = EXIT_INPUT; /* over the cost bound, reported */
 	} else if (rc != 0) {
 		fprintf(stderr, "kilnc: error: compiling %s failed\n", o.model);
 		rc = EXIT_INPUT;

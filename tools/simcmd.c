@@ -58,6 +58,9 @@ static const char HELP_SIMULATE[] =
     "profile, --plan, the --loads trace or the other output; devices and FIFOs\n"
     "are written in place.\n"
     "Exit status 1 for a bad model, blob or trace, 2 for bad arguments.\n"
+    "A run past the cost bounds of docs/cli.md (1e10 layer decisions: exit 2;\n"
+    "4 GiB per iteration: exit 1) or an --emit-loads trace larger than --loads\n"
+    "reads (exit 2) is refused before anything is written or simulated.\n"
     "Progress goes to stderr when stderr is a terminal.\n";
 
 int kilnc_help_simulate(void)
@@ -80,9 +83,14 @@ static int usage(const char *fmt, const char *arg)
 static int compile_model(const kiln_model *m, bool no_offload, kiln_arena *a,
                          kiln_compilation *c, unsigned char **blob, kiln_rt **rt)
 {
-	*c = (kiln_compilation){.model = m, .arena = a, .no_offload = no_offload};
-	if (kiln_pipeline_compile(c, NULL, NULL, NULL, stderr) != 0) {
-		fprintf(stderr, "kilnc: error: compiling %s failed\n", m->name);
+	*c = (kiln_compilation){.model = m,
+	                        .arena = a,
+	                        .no_offload = no_offload,
+	                        .progress = isatty(2) ? stderr : NULL};
+	int prc = kiln_pipeline_compile(c, NULL, NULL, NULL, stderr);
+	if (prc != 0) {
+		if (prc != -3) /* -3: over the cost bound, reported */
+			fprintf(stderr, "kilnc: error: compiling %s failed\n", m->name);
 		return KILNC_EXIT_INPUT;
 	}
 	size_t len;
@@ -116,6 +124,98 @@ static int fill_loads(FILE *f, void *ctx)
 {
 	const load_csv *lc = ctx;
 	return kiln_load_write_csv(lc->profile, &lc->shape, lc->seed, lc->iterations, f);
+}
+
+/* Whether --emit-loads fits what --loads reads back (KILN_LOAD_TRACE_MAX_ROWS
+ * and _BYTES), checked before anything is written: the rows from the shape,
+ * then the exact bytes by formatting them. KILNC_EXIT_OK, or
+ * KILNC_EXIT_USAGE with the reason and the --iters that would fit. */
+static int emit_loads_fits(const char *path, const load_csv *lc)
+{
+	const kiln_load_shape *sh = &lc->shape;
+	int64_t rows = kiln_load_csv_rows(sh, lc->iterations);
+	int64_t per = kiln_load_csv_rows(sh, 1);
+	if (rows > KILN_LOAD_TRACE_MAX_ROWS) {
+		fprintf(
+		    stderr,
+		    "kilnc: error: --emit-loads %s: %lld iterations x %d micro-batches x %d MoE "
+		    "layers x %d EP ranks = %lld rows, over the %d rows --loads reads; use --iters "
+		    "%lld or fewer\nTry 'kilnc help simulate'.\n",
+		    path, (long long)lc->iterations,
+		    (int)(sh->microbatches > 0 ? sh->microbatches : 1),
+		    (int)(sh->layers > 0 ? sh->layers : 1), (int)(sh->ep > 0 ? sh->ep : 1),
+		    (long long)rows, KILN_LOAD_TRACE_MAX_ROWS,
+		    (long long)(KILN_LOAD_TRACE_MAX_ROWS / per));
+		return KILNC_EXIT_USAGE;
+	}
+	int64_t bytes = kiln_load_csv_bytes(lc->profile, sh, lc->seed, lc->iterations);
+	if (bytes < 0) {
+		fprintf(stderr,
+		        "kilnc: error: --emit-loads %s: this shape cannot be written (%d EP "
+		        "ranks)\n",
+		        path, (int)sh->ep);
+		return KILNC_EXIT_INPUT;
+	}
+	if (bytes > KILN_LOAD_TRACE_MAX_BYTES) {
+		/* Rows are about the same length, so the iterations that fit
+		 * scale with the bytes. */
+		int64_t fit = (int64_t)((double)lc->iterations * (double)KILN_LOAD_TRACE_MAX_BYTES /
+		                        (double)bytes);
+		fprintf(
+		    stderr,
+		    "kilnc: error: --emit-loads %s: %lld rows make %lld bytes, over the %lld bytes "
+		    "(256 MiB) --loads reads; use --iters %lld or fewer\nTry 'kilnc help "
+		    "simulate'.\n",
+		    path, (long long)rows, (long long)bytes, (long long)KILN_LOAD_TRACE_MAX_BYTES,
+		    (long long)(fit > 0 ? fit : 1));
+		return KILNC_EXIT_USAGE;
+	}
+	return KILNC_EXIT_OK;
+}
+
+/* Whether the run fits KILN_SIM_MAX_DECISIONS and KILN_SIM_MAX_BYTES
+ * (docs/cli.md, "Cost bounds"), checked before anything is written or
+ * simulated. KILNC_EXIT_OK; KILNC_EXIT_USAGE over the decisions (fewer
+ * iterations, policies or groups, or no --exact, fit: the frontend's limits
+ * keep one iteration's layers x micro-batches below 4.3e9);
+ * KILNC_EXIT_INPUT over the memory, which one iteration of the
+ * description's micro-batches and layers takes whatever the arguments. */
+static int simulate_fits(const kiln_sim_config *cfg, int32_t n, const char *model)
+{
+	kiln_sim_cost k;
+	kiln_sim_cost_estimate(cfg, n, &k);
+	if (k.bytes > KILN_SIM_MAX_BYTES) {
+		fprintf(stderr,
+		        "%s: error: simulating needs an estimated %.1f GiB of memory (%.0f "
+		        "micro-batches "
+		        "per iteration x %.0f layers, %d threads), over the limit of %.0f GiB; use "
+		        "fewer "
+		        "micro-batches per iteration (training.global_batch) or fewer layers per "
+		        "stage; "
+		        "docs/cli.md, \"Cost bounds\"\n",
+		        model, k.bytes / 1073741824.0, k.microbatches, k.layers, (int)k.threads,
+		        KILN_SIM_MAX_BYTES / 1073741824.0);
+		return KILNC_EXIT_INPUT;
+	}
+	if (k.decisions <= KILN_SIM_MAX_DECISIONS)
+		return KILNC_EXIT_OK;
+	fprintf(stderr,
+	        "kilnc: error: simulate: %lld iterations x %.0f EP groups x %d policies x %.0f "
+	        "layers x "
+	        "%.0f micro-batches x %.0f ranks followed = %.3g layer decisions (about %.0f s of "
+	        "CPU), over the limit of %.3g (docs/cli.md, \"Cost bounds\")\n",
+	        (long long)cfg->iterations, k.groups, (int)n, k.layers, k.microbatches, k.passes,
+	        k.decisions, k.cpu_s, KILN_SIM_MAX_DECISIONS);
+	double fit = floor(KILN_SIM_MAX_DECISIONS / k.per_iteration);
+	if (fit >= 1)
+		fprintf(stderr,
+		        "kilnc: note: use --iters %.0f or fewer, fewer policies, --groups G%s\n",
+		        fit, cfg->exact ? ", or drop --exact" : "");
+	else
+		fprintf(stderr, "kilnc: note: use fewer policies, --groups G%s\n",
+		        cfg->exact ? ", or drop --exact" : "");
+	fputs("Try 'kilnc help simulate'.\n", stderr);
+	return KILNC_EXIT_USAGE;
 }
 
 /* The last iteration's schedules as Chrome trace JSON, to a temporary file
@@ -278,9 +378,18 @@ int kilnc_simulate(int argc, char **argv)
 	if ((rc = compile_model(m, false, a, &c, &blob, &rt)) != 0)
 		goto out;
 	rc = KILNC_EXIT_INPUT;
+	load_csv lc = {.profile = prof, .seed = (uint64_t)n_seed, .iterations = n_iters};
+	kiln_sim_load_shape(&c, &lc.shape);
+	if (prof->kind == KILN_LOAD_TRACE && kiln_load_trace_check(prof->trace, &lc.shape, stderr))
+		goto out;
+	if (emit_loads && (rc = emit_loads_fits(emit_loads, &lc)) != KILNC_EXIT_OK)
+		goto out;
+	kiln_sim_config est = {
+	    .c = &c, .iterations = n_iters, .exact = exact, .max_groups = (int32_t)n_groups};
+	if (policy && (rc = simulate_fits(&est, n, model)) != KILNC_EXIT_OK)
+		goto out;
+	rc = KILNC_EXIT_INPUT;
 	if (emit_loads) {
-		load_csv lc = {.profile = prof, .seed = n_seed, .iterations = n_iters};
-		kiln_sim_load_shape(&c, &lc.shape);
 		if (kiln_out_write("kilnc", emit_loads, fill_loads, &lc, stderr) != 0)
 			goto out;
 		if (!policy) {
