@@ -43,7 +43,8 @@ enum { KILN_JSON_ENOMEM = -1, KILN_JSON_EWRITE = -2 };
 int kiln_json_write(const kiln_json *root, FILE *out);
 void kiln_json_free(kiln_json *root);
 
-/* Parsing, for tests and tools that read kiln's own JSON back. */
+/* Parsing, for tests and tools that read JSON back (kiln's own, and
+ * `kilnc import hf`'s Hugging Face configs). */
 kiln_json *kiln_json_parse(const char *text, size_t len);
 /* Member of an object by key, element of an array by index; NULL when absent. */
 const kiln_json *kiln_json_get(const kiln_json *obj, const char *key);
@@ -52,6 +53,10 @@ int kiln_json_size(const kiln_json *arr);
 bool kiln_json_is_number(const kiln_json *v);
 double kiln_json_number(const kiln_json *v); /* NaN when not a number */
 const char *kiln_json_string(const kiln_json *v); /* NULL when not a string */
+bool kiln_json_is_bool(const kiln_json *v);
+bool kiln_json_bool(const kiln_json *v); /* false when not a boolean */
+bool kiln_json_is_null(const kiln_json *v);
+bool kiln_json_is_object(const kiln_json *v);
 
 /* ---------------------------------------------------------------- report.c */
 

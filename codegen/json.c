@@ -190,3 +190,23 @@ const char *kiln_json_string(const kiln_json *v)
 {
 	return v && cJSON_IsString(C(v)) ? C(v)->valuestring : NULL;
 }
+
+bool kiln_json_is_bool(const kiln_json *v)
+{
+	return v && cJSON_IsBool(C(v));
+}
+
+bool kiln_json_bool(const kiln_json *v)
+{
+	return v && cJSON_IsTrue(C(v));
+}
+
+bool kiln_json_is_null(const kiln_json *v)
+{
+	return v && cJSON_IsNull(C(v));
+}
+
+bool kiln_json_is_object(const kiln_json *v)
+{
+	return v && cJSON_IsObject(C(v));
+}

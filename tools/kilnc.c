@@ -34,51 +34,53 @@ enum {
 #define VIZ_MAX_BYTES ((off_t)1 << 30)
 
 static const char USAGE[] =
-	"usage: kilnc [--help] [--version] COMMAND [ARGS]\n"
-	"\n"
-	"kiln compiles a Mixture-of-Experts training description (YAML) into\n"
-	"activation-memory plans. Commands:\n"
-	"\n"
-	"  check MODEL [--dump-after=PASS]\n"
-	"      Validate MODEL and print a one-screen summary. Every error in the\n"
-	"      file is reported as FILE:LINE:COL: error: MESSAGE.\n"
-	"  report MODEL [--json]\n"
-	"      Per pipeline stage: static bytes (weights, gradients, optimizer),\n"
-	"      activation bytes per micro-batch at load factor 1 and at\n"
-	"      load.max_factor, in-flight micro-batches, peak with everything kept,\n"
-	"      capacity and headroom; then the iteration time and MFU estimate.\n"
-	"  compile MODEL [-o PLAN.kiln] [--solver dp|milp] [--json] [--dump-after=PASS]\n"
-	"          [--emit-mlir F] [--emit-trace F] [--emit-svg F]\n"
-	"      Run every pass: units, per-unit keep/recompute/offload options, a\n"
-	"      Pareto frontier per (stage, layer kind, load bucket), budgets and\n"
-	"      the safety bound, the baselines and the interleaved schedules. Prints\n"
-	"      a summary, or the plan tables with --json, and writes the views asked\n"
-	"      for; -o writes the plan blob the runtime loads. Exit 3 when\n"
-	"      load.max_factor does not fit.\n"
-	"  inspect PLAN.kiln [--json] [--templates]\n"
-	"      Validate a plan blob as the runtime does and decode it.\n"
-	"  select PLAN.kiln --stage S --layer L (--tokens A,B,..|--rows N|--load-factor R)\n"
-	"         --free BYTES [--pending N] [--json]\n"
-	"      One runtime decision from the command line.\n"
-	"  simulate MODEL --policy P[,P...] [--plan PLAN.kiln] [--iters N] [--seed S]\n"
-	"           [--loads PROFILE|FILE] [--exact] [--groups G] [--restart-s X]\n"
-	"           [--checkpoint-every N] [--json] [--emit-trace F]\n"
-	"      Replay iterations through memory policies side by side.\n"
-	"  viz PLAN.mlir -o OUT.svg|OUT.json\n"
-	"      Redraw the schedules of a plan emitted with --emit-mlir as an SVG\n"
-	"      timeline or a Chrome trace (Perfetto, chrome://tracing).\n"
-	"  help [COMMAND]\n"
-	"      This text, or one command's.\n"
-	"\n"
-	"Options:\n"
-	"  --json             one JSON document on stdout (keys in docs/cli.md)\n"
-	"  --dump-after=PASS  print the IR after PASS (passes: %s)\n"
-	"  -h, --help         show help\n"
-	"  --version          print the version\n"
-	"\n"
-	"Exit status: 0 success, 1 bad input, 2 usage error, 3 infeasible.\n"
-	"MODEL is a kiln model description (docs/model-format.md); shipped ones are\n"
-	"in examples/models/.\n";
+    "usage: kilnc [--help] [--version] COMMAND [ARGS]\n"
+    "\n"
+    "kiln compiles a Mixture-of-Experts training description (YAML) into\n"
+    "activation-memory plans. Commands:\n"
+    "\n"
+    "  check MODEL [--dump-after=PASS]\n"
+    "      Validate MODEL and print a one-screen summary. Every error in the\n"
+    "      file is reported as FILE:LINE:COL: error: MESSAGE.\n"
+    "  report MODEL [--json]\n"
+    "      Per pipeline stage: static bytes (weights, gradients, optimizer),\n"
+    "      activation bytes per micro-batch at load factor 1 and at\n"
+    "      load.max_factor, in-flight micro-batches, peak with everything kept,\n"
+    "      capacity and headroom; then the iteration time and MFU estimate.\n"
+    "  compile MODEL [-o PLAN.kiln] [--solver dp|milp] [--json] [--dump-after=PASS]\n"
+    "          [--emit-mlir F] [--emit-trace F] [--emit-svg F]\n"
+    "      Run every pass: units, per-unit keep/recompute/offload options, a\n"
+    "      Pareto frontier per (stage, layer kind, load bucket), budgets and\n"
+    "      the safety bound, the baselines and the interleaved schedules. Prints\n"
+    "      a summary, or the plan tables with --json, and writes the views asked\n"
+    "      for; -o writes the plan blob the runtime loads. Exit 3 when\n"
+    "      load.max_factor does not fit.\n"
+    "  inspect PLAN.kiln [--json] [--templates]\n"
+    "      Validate a plan blob as the runtime does and decode it.\n"
+    "  select PLAN.kiln --stage S --layer L (--tokens A,B,..|--rows N|--load-factor R)\n"
+    "         --free BYTES [--pending N] [--json]\n"
+    "      One runtime decision from the command line.\n"
+    "  simulate MODEL --policy P[,P...] [--plan PLAN.kiln] [--iters N] [--seed S]\n"
+    "           [--loads PROFILE|FILE] [--exact] [--groups G] [--restart-s X]\n"
+    "           [--checkpoint-every N] [--json] [--emit-trace F]\n"
+    "      Replay iterations through memory policies side by side.\n"
+    "  viz PLAN.mlir -o OUT.svg|OUT.json\n"
+    "      Redraw the schedules of a plan emitted with --emit-mlir as an SVG\n"
+    "      timeline or a Chrome trace (Perfetto, chrome://tracing).\n"
+    "  import hf CONFIG.json --devices N [--tp T] [--pp P] [--ep E] [-o MODEL.yaml] ...\n"
+    "      A model description from a Hugging Face config.json.\n"
+    "  help [COMMAND]\n"
+    "      This text, or one command's.\n"
+    "\n"
+    "Options:\n"
+    "  --json             one JSON document on stdout (keys in docs/cli.md)\n"
+    "  --dump-after=PASS  print the IR after PASS (passes: %s)\n"
+    "  -h, --help         show help\n"
+    "  --version          print the version\n"
+    "\n"
+    "Exit status: 0 success, 1 bad input, 2 usage error, 3 infeasible.\n"
+    "MODEL is a kiln model description (docs/model-format.md); shipped ones are\n"
+    "in examples/models/.\n";
 
 static const char HELP_CHECK[] =
 	"usage: kilnc check MODEL [--dump-after=PASS]\n"
@@ -200,6 +202,8 @@ static int print_help(const char *cmd)
 		fputs(HELP_VIZ, stdout);
 	} else if (strcmp(cmd, "simulate") == 0) {
 		kilnc_help_simulate();
+	} else if (strcmp(cmd, "import") == 0) {
+		kilnc_help_import();
 	} else if (kilnc_help_blob(cmd) == 0) {
 		/* printed */
 	} else {
@@ -645,9 +649,7 @@ static int write_views(const options *o, const kiln_compilation *c, bool feasibl
 	return kiln_out_commit_all(out, n, stderr) == 0 ? EXIT_OK : EXIT_INPUT;
 }
 
-/* Reads a regular file of at most VIZ_MAX_BYTES into a malloc'd buffer.
- * Returns 0, or EXIT_INPUT after reporting. */
-static int read_plan_file(const char *path, char **out, size_t *out_len)
+int kilnc_read_file(const char *path, off_t max_bytes, char **out, size_t *out_len)
 {
 	*out = NULL;
 	*out_len = 0;
@@ -663,9 +665,9 @@ static int read_plan_file(const char *path, char **out, size_t *out_len)
 		close(fd);
 		return EXIT_INPUT;
 	}
-	if (st.st_size > VIZ_MAX_BYTES) {
-		fprintf(stderr, "kilnc: error: %s: %lld bytes, over the 1 GiB limit\n", path,
-		        (long long)st.st_size);
+	if (st.st_size > max_bytes) {
+		fprintf(stderr, "kilnc: error: %s: %lld bytes, over the limit of %lld\n", path,
+		        (long long)st.st_size, (long long)max_bytes);
 		close(fd);
 		return EXIT_INPUT;
 	}
@@ -811,7 +813,7 @@ static int cmd_viz(int argc, char **argv)
 		return EXIT_USAGE;
 	char *text;
 	size_t len;
-	int rc = read_plan_file(plan, &text, &len);
+	int rc = kilnc_read_file(plan, VIZ_MAX_BYTES, &text, &len);
 	if (rc != EXIT_OK)
 		return rc;
 	kiln_arena *a = kiln_arena_new();
@@ -941,6 +943,8 @@ int main(int argc, char **argv)
 		return finish_output(kilnc_simulate(argc - 2, argv + 2));
 	if (strcmp(cmd, "inspect") == 0)
 		return finish_output(kilnc_inspect(argc - 2, argv + 2));
+	if (strcmp(cmd, "import") == 0)
+		return finish_output(kilnc_import(argc - 2, argv + 2));
 	if (strcmp(cmd, "select") == 0)
 		return finish_output(kilnc_select(argc - 2, argv + 2));
 	if (cmd[0] == '-')

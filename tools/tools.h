@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "tools/output.h"
 
@@ -54,6 +55,17 @@ int kilnc_blob_load(const char *path, unsigned char **out_bytes, size_t *out_len
 struct kiln_model;
 int kilnc_check_outputs(const kiln_out_name *in, size_t n_in, const struct kiln_model *m,
                         const kiln_out_name *out, size_t n_out);
+
+/* kilnc.c: reads the regular file at path, of at most max_bytes, into a
+ * malloc'd, NUL-terminated buffer (*out, the caller frees; *out_len bytes).
+ * Returns 0, or KILNC_EXIT_INPUT after reporting "kilnc: error: PATH:
+ * REASON" (missing, not a regular file (a FIFO is never waited on), too
+ * large, unreadable). */
+int kilnc_read_file(const char *path, off_t max_bytes, char **out, size_t *out_len);
+
+/* hfcmd.c: `kilnc import hf` (arguments after "import"), and its help. */
+int kilnc_import(int argc, char **argv);
+int kilnc_help_import(void);
 
 /* blobcmd.c: `kilnc inspect` and `kilnc select` (arguments after the command
  * name); each returns the exit status. */

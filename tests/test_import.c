@@ -1,0 +1,276 @@
+/* tests/test_import.c: `kilnc import hf` (tools/hfcmd.c) on the shipped
+ * Hugging Face configs (examples/hf/) and on broken ones. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codegen/codegen.h"
+#include "kiln_test.h"
+
+#define RUN(...) kt_kilnc((const char *const[]){__VA_ARGS__, NULL}, NULL)
+
+/* Imports config with args (NULL-terminated, after the config) into a new
+ * temporary YAML file; asserts success. Returns its path (caller frees). */
+static char *import_ok(const char *config, const char *const *args)
+{
+	char *yaml = kt_temp_file(".yaml", "", 0);
+	const char *argv[32] = {"import", "hf", config, "-o", yaml};
+	int n = 5;
+	for (; args && args[n - 5]; n++)
+		argv[n] = args[n - 5];
+	argv[n] = NULL;
+	kt_run r = kt_kilnc(argv, NULL);
+	cr_assert_eq(r.status, 0, "import %s: %s", config, r.err);
+	kt_run_free(&r);
+	return yaml;
+}
+
+/* `kilnc report YAML --json`, parsed; caller frees. */
+static kiln_json *report_of(const char *yaml)
+{
+	kt_run r = RUN("report", yaml, "--json");
+	cr_assert_eq(r.status, 0, "report %s: %s", yaml, r.err);
+	kiln_json *doc = kiln_json_parse(r.out, r.out_len);
+	cr_assert_not_null(doc);
+	kt_run_free(&r);
+	return doc;
+}
+
+/* A model card's total, as the card writes it ("671B", "8.03B", "1T"),
+ * and the interval it stands for: the larger of 0.5% and half a unit of
+ * its last digit (a card that writes "57B" says 56.5B to 57.5B). */
+static void card_interval(const char *card, double *lo, double *hi)
+{
+	char *end;
+	double v = strtod(card, &end);
+	double unit = *end == 'T' ? 1e12 : 1e9;
+	const char *dot = strchr(card, '.');
+	double last = dot ? pow(10, -(double)(end - dot - 1)) : 1;
+	double half = 0.5 * last * unit, pct = 0.005 * v * unit;
+	double tol = half > pct ? half : pct;
+	*lo = v * unit - tol;
+	*hi = v * unit + tol;
+}
+
+/* Every shipped config imports to a description check accepts, with the
+ * model card's parameter count. Cards (each model's Hugging Face page):
+ * DeepSeek-V3 "671B total parameters" (the main model: its 14B multi-token
+ * prediction module is apart, as kiln counts); Kimi K2 "1T" (counted from
+ * its config by hand: 60 MoE layers x (384 + 1) x 3 x 7168 x 2048 plus the
+ * router 7168 x 384 = 1017.4B, one dense FFN 3 x 7168 x 18432 = 0.40B,
+ * MLA 101.0M x 61 = 6.16B, embedding and head 2 x 163840 x 7168 = 2.35B:
+ * 1.026T; the technical report's headline 1.04T does not follow from the
+ * config, docs/cost-model.md); Qwen3-235B-A22B "235B"; Mixtral-8x22B
+ * "141B"; Llama 3 8B "8.03B"; gpt-oss-120b "117B"; Qwen2-57B-A14B "57B". */
+Test(import, every_shipped_config_imports_with_its_card_count)
+{
+	static const struct {
+		const char *file, *card;
+	} cases[] = {
+	    {"deepseek-v3-671b", "671B"}, {"kimi-k2-1t", "1T"},         {"qwen3-235b-a22b", "235B"},
+	    {"mixtral-8x22b", "141B"},    {"llama3-8b-dense", "8.03B"}, {"gpt-oss-120b", "117B"},
+	    {"qwen2-57b-a14b", "57B"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char rel[128];
+		snprintf(rel, sizeof rel, "examples/hf/%s.json", cases[i].file);
+		const char *args[] = {"--devices", "512", "--pp", "4", "--tp", "2", NULL};
+		char *yaml = import_ok(kt_src(rel), args);
+		kt_run r = RUN("check", yaml);
+		cr_assert_eq(r.status, 0, "%s: %s", cases[i].file, r.err);
+		/* The default name is the file's. */
+		cr_assert(strncmp(r.out, cases[i].file, strlen(cases[i].file)) == 0, "%s", r.out);
+		kt_run_free(&r);
+		kiln_json *doc = report_of(yaml);
+		double total =
+		    kiln_json_number(kiln_json_get(kiln_json_get(doc, "params"), "total"));
+		double lo, hi;
+		card_interval(cases[i].card, &lo, &hi);
+		cr_expect(total >= lo && total <= hi, "%s: %.4g parameters, the card says %s",
+		          cases[i].file, total, cases[i].card);
+		kiln_json_free(doc);
+		unlink(yaml);
+		free(yaml);
+	}
+}
+
+/* Removes the line of the "path" key from a report's JSON text. */
+static void drop_path(char *text)
+{
+	char *p = strstr(text, "\n\t\"path\":");
+	cr_assert_not_null(p, "no path in %s", text);
+	char *e = strchr(p + 1, '\n');
+	cr_assert_not_null(e);
+	memmove(p, e, strlen(e) + 1);
+}
+
+/* Where an import and a hand-written example describe the same run (same
+ * layout, batch, sequence length and hardware), their reports are the
+ * same, key for key, but for the file path. */
+Test(import, reports_equal_the_hand_written_examples)
+{
+	static const struct {
+		const char *name;
+		const char *args[20];
+	} cases[] = {
+	    {"deepseek-v3-671b",
+	     {"--devices", "4096", "--pp", "16", "--ep", "64", "--global-batch", "15360",
+	      "--hardware", "bw1000", NULL}},
+	    {"kimi-k2-1t",
+	     {"--devices", "12288", "--pp", "16", "--ep", "96", "--global-batch", "16128",
+	      "--hardware", "bw1000", NULL}},
+	    {"qwen3-235b-a22b",
+	     {"--devices", "1024", "--tp", "4", "--pp", "8", "--ep", "32", "--global-batch", "1024",
+	      "--hardware", "bw1000", NULL}},
+	    {"mixtral-8x22b",
+	     {"--devices", "1024", "--tp", "4", "--pp", "4", "--vpp", "2", "--ep", "8",
+	      "--global-batch", "512", NULL}},
+	    {"llama3-8b-dense",
+	     {"--devices", "64", "--tp", "2", "--pp", "4", "--global-batch", "128", "--seq-len",
+	      "8192", "--hardware", KILN_SOURCE_DIR "/examples/hardware/h100-sxm.yaml", NULL}},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char rel[128], model[128];
+		snprintf(rel, sizeof rel, "examples/hf/%s.json", cases[i].name);
+		char *yaml = import_ok(kt_src(rel), cases[i].args);
+		kt_run ra = RUN("report", yaml, "--json");
+		snprintf(model, sizeof model, "examples/models/%s.yaml", cases[i].name);
+		kt_run rb = RUN("report", kt_src(model), "--json");
+		cr_assert(ra.status == 0 && rb.status == 0, "%s %s", ra.err, rb.err);
+		drop_path(ra.out);
+		drop_path(rb.out);
+		cr_expect_str_eq(ra.out, rb.out, "%s: the imported report differs", cases[i].name);
+		kt_run_free(&ra);
+		kt_run_free(&rb);
+		unlink(yaml);
+		free(yaml);
+	}
+}
+
+/* Runs `kilnc import hf` on text with args; expects status and want in
+ * stderr. */
+static void import_fails(const char *text, const char *const *args, int status, const char *want)
+{
+	char *cfg = kt_temp_file(".json", text, strlen(text));
+	const char *argv[32] = {"import", "hf", cfg};
+	int n = 3;
+	for (; args && args[n - 3]; n++)
+		argv[n] = args[n - 3];
+	argv[n] = NULL;
+	kt_run r = kt_kilnc(argv, NULL);
+	cr_expect_eq(r.status, status, "%s: status %d: %s", want, r.status, r.err);
+	cr_expect_not_null(strstr(r.err, want), "want '%s' in: %s", want, r.err);
+	cr_expect_eq(r.out_len, 0, "wrote to stdout: %s", r.out);
+	kt_run_free(&r);
+	unlink(cfg);
+	free(cfg);
+}
+
+static const char *const DEV8[] = {"--devices", "8", NULL};
+
+Test(import, bad_configs_name_what_is_wrong)
+{
+	/* Every missing required field of the family, at once. */
+	static const char qwen[] = "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64}";
+	import_fails(qwen, DEV8, 1, "missing required field 'num_hidden_layers'");
+	import_fails(qwen, DEV8, 1, "missing required field 'num_attention_heads'");
+	import_fails(qwen, DEV8, 1, "missing required field 'vocab_size'");
+	import_fails(qwen, DEV8, 1, "missing required field 'num_experts'");
+	import_fails(qwen, DEV8, 1, "missing required field 'moe_intermediate_size'");
+	import_fails("{\"model_type\": \"bert\"}", DEV8, 1,
+	             "model_type 'bert' is not a family kiln knows; kiln imports deepseek_v2");
+	import_fails("{\"hidden_size\": 1}", DEV8, 1, "no model_type");
+	import_fails("[1, 2]", DEV8, 1, "not a JSON object");
+	import_fails("{\"model_type\": \"llama\",", DEV8, 1, "not a JSON object");
+	static const char frac[] =
+	    "{\"model_type\": \"llama\", \"hidden_size\": 64.5, \"num_hidden_layers\": 2, "
+	    "\"num_attention_heads\": 4, \"vocab_size\": 100, \"intermediate_size\": \"big\"}";
+	import_fails(frac, DEV8, 1, "field 'hidden_size' is 64.5, not a non-negative integer");
+	import_fails(frac, DEV8, 1, "field 'intermediate_size' is not a number");
+	static const char gelu[] =
+	    "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+	    "\"num_attention_heads\": 4, \"vocab_size\": 100, \"intermediate_size\": 128, "
+	    "\"hidden_act\": \"gelu\"}";
+	import_fails(gelu, DEV8, 1, "hidden_act 'gelu'");
+	/* Layer patterns kiln cannot describe. */
+	static const char sparse[] =
+	    "{\"model_type\": \"qwen2_moe\", \"hidden_size\": 64, \"num_hidden_layers\": 4, "
+	    "\"num_attention_heads\": 4, \"vocab_size\": 100, \"num_experts\": 8, "
+	    "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, \"intermediate_size\": "
+	    "128, "
+	    "\"mlp_only_layers\": [1], \"shared_expert_intermediate_size\": 48}";
+	import_fails(sparse, DEV8, 1, "'mlp_only_layers' lists dense layers other than the first");
+	import_fails(sparse, DEV8, 1, "shared_expert_intermediate_size' is 48, not a multiple");
+}
+
+Test(import, bad_arguments_are_usage_errors)
+{
+	const char *cfg = kt_src("examples/hf/mixtral-8x22b.json");
+	const char *const *cases[] = {
+	    (const char *const[]){"import", NULL},
+	    (const char *const[]){"import", "gguf", "x", NULL},
+	    (const char *const[]){"import", "hf", NULL},
+	    (const char *const[]){"import", "hf", "CFG", NULL}, /* no --devices */
+	    (const char *const[]){"import", "hf", "CFG", "--devices", "0", NULL},
+	    (const char *const[]){"import", "hf", "CFG", "--devices", "8", "--devices", "8", NULL},
+	    (const char *const[]){"import", "hf", "CFG", "--devices", "100", "--pp", "8", NULL},
+	    (const char *const[]){"import", "hf", "CFG", "--devices", "64", "--ep", "3", NULL},
+	    (const char *const[]){"import", "hf", "CFG", "--devices", "8", "--global-batch", "3",
+	                          "--micro-batch", "2", NULL},
+	    (const char *const[]){"import", "hf", "CFG", "--devices", "8", "--bogus", NULL},
+	    (const char *const[]){"import", "hf", "CFG", "--devices", "8", "-o", "CFG", NULL},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		const char *argv[16];
+		size_t n = 0;
+		for (; cases[i][n]; n++)
+			argv[n] = strcmp(cases[i][n], "CFG") == 0 ? cfg : cases[i][n];
+		argv[n] = NULL;
+		kt_run r = kt_kilnc(argv, NULL);
+		cr_expect_eq(r.status, 2, "case %zu: status %d: %s", i, r.status, r.err);
+		cr_expect_gt(r.err_len, 0, "case %zu: no message", i);
+		kt_run_free(&r);
+	}
+	kt_run r = RUN("import", "hf", cfg, "--devices", "100", "--pp", "8");
+	cr_expect_not_null(strstr(r.err, "--devices 100 is not a multiple of tp x pp = 1 x 8"),
+	                   "%s", r.err);
+	kt_run_free(&r);
+	/* A layout the description cannot take: the frontend's error, exit 1. */
+	r = RUN("import", "hf", cfg, "--devices", "8", "--pp", "8", "--vpp", "8");
+	cr_expect_eq(r.status, 1, "%s", r.err);
+	cr_expect_not_null(strstr(r.err, "(imported)"), "%s", r.err);
+	kt_run_free(&r);
+	r = RUN("help", "import");
+	cr_expect_eq(r.status, 0);
+	cr_expect_not_null(strstr(r.out, "usage: kilnc import hf CONFIG.json --devices N"));
+	kt_run_free(&r);
+}
+
+/* Unknown fields are ignored; a config wrapping its language model in
+ * text_config (Kimi K2.5's) is read there; the defaults are the documented
+ * ones (ep: the largest divisor of the experts dividing tp x dp, at most
+ * 64; 4 x pp micro-batches; seq_len min(4096, max_position_embeddings)). */
+Test(import, wrapped_configs_unknown_fields_and_defaults)
+{
+	static const char text[] =
+	    "{\"model_type\": \"kimi_k25\", \"vision_config\": {\"depth\": 27},\n"
+	    " \"text_config\": {\"model_type\": \"mixtral\", \"hidden_size\": 64, "
+	    "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+	    "\"vocab_size\": 256, \"num_local_experts\": 8, \"num_experts_per_tok\": 2, "
+	    "\"intermediate_size\": 128, \"max_position_embeddings\": 1024, "
+	    "\"some_future_field\": [1, {\"x\": null}]}}";
+	char *cfg = kt_temp_file(".json", text, strlen(text));
+	kt_run r = RUN("import", "hf", cfg, "--devices", "32", "--pp", "2");
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	/* dp = 16: ep = gcd(8, 16) = 8; global batch = 16 x 1 x 4 x 2 = 128. */
+	cr_expect_not_null(strstr(r.out, "\n  ep: 8\n"), "%s", r.out);
+	cr_expect_not_null(strstr(r.out, "\n  global_batch: 128\n"), "%s", r.out);
+	cr_expect_not_null(strstr(r.out, "\n  seq_len: 1024\n"), "%s", r.out);
+	cr_expect_not_null(strstr(r.out, "\n  kv_heads: 2\n  head_dim: 16\n"), "%s", r.out);
+	kt_run_free(&r);
+	unlink(cfg);
+	free(cfg);
+}

@@ -1,0 +1,649 @@
+/* tools/hfcmd.c: `kilnc import hf`, a kiln model description from a Hugging
+ * Face config.json (docs/cli.md, "kilnc import hf"; docs/model-format.md
+ * says what each key means).
+ *
+ * The config gives the shapes; the command line gives what a config cannot
+ * know (the parallel layout, the batch, the sequence length, the hardware).
+ * Per family (its model_type) a table of where each kiln key comes from;
+ * unknown fields are ignored, every missing required one is named. The
+ * description is validated by the frontend before it is written, so what
+ * this command writes is what `kilnc check` accepts.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "codegen/codegen.h"
+#include "frontend/frontend.h"
+#include "tools/tools.h"
+
+/* A config.json is a few KB; the largest public ones are under 100 KB. */
+#define HF_MAX_BYTES ((off_t)16 << 20)
+
+static const char HELP_IMPORT[] =
+    "usage: kilnc import hf CONFIG.json --devices N [--tp T] [--pp P] [--ep E]\n"
+    "                       [--vpp V] [--micro-batch B] [--global-batch G]\n"
+    "                       [--seq-len S] [--hardware H] [--name NAME] [-o MODEL.yaml]\n"
+    "\n"
+    "Writes a kiln model description (docs/model-format.md) for the model a\n"
+    "Hugging Face config.json describes, trained on N devices in the given\n"
+    "layout. Families (model_type): deepseek_v2, deepseek_v3 and kimi_k2\n"
+    "(DeepSeek-V3, Kimi K2), qwen3_moe, qwen2_moe, mixtral, gpt_oss, and llama\n"
+    "and mistral for dense models. A config that wraps its language model in\n"
+    "text_config is read there. Unknown fields are ignored; every missing\n"
+    "required field is named.\n"
+    "\n"
+    "  --devices N       devices of the whole job (required)\n"
+    "  --tp T, --pp P    tensor and pipeline parallel sizes (default 1)\n"
+    "  --ep E            expert parallel size (MoE; default: the largest divisor\n"
+    "                    of the experts that divides tp x dp, at most 64)\n"
+    "  --vpp V           virtual stages per pipeline rank (default 1; V > 1\n"
+    "                    uses the interleaved 1F1B schedule)\n"
+    "  --micro-batch B   sequences per micro-batch (default 1)\n"
+    "  --global-batch G  sequences per iteration (default: 4 x pp micro-batches\n"
+    "                    per data-parallel rank)\n"
+    "  --seq-len S       tokens per sequence (default 4096, or the config's\n"
+    "                    max_position_embeddings when smaller)\n"
+    "  --hardware H      a shipped profile (bw1000, h100-sxm, h200, mi300x) or\n"
+    "                    a profile file (default h100-sxm)\n"
+    "  --name NAME       the description's name (default: from the config's\n"
+    "                    _name_or_path, else its directory or file name)\n"
+    "  -o MODEL.yaml     write there (by the output rule of docs/cli.md), not\n"
+    "                    to stdout\n"
+    "\n"
+    "Exit status 1 for a config that cannot be read or imported, or a layout\n"
+    "the description cannot take (the frontend's errors); 2 for bad arguments.\n"
+    "Notes on stderr name what the description leaves out (tied embeddings,\n"
+    "multi-token prediction layers, sliding-window attention).\n";
+
+int kilnc_help_import(void)
+{
+	fputs(HELP_IMPORT, stdout);
+	return 0;
+}
+
+typedef enum { FAM_DEEPSEEK, FAM_QWEN_MOE, FAM_MIXTRAL, FAM_GPT_OSS, FAM_DENSE } family;
+
+static const struct {
+	const char *model_type;
+	family kind;
+} FAMILIES[] = {
+    {"deepseek_v2", FAM_DEEPSEEK}, {"deepseek_v3", FAM_DEEPSEEK}, {"kimi_k2", FAM_DEEPSEEK},
+    {"qwen3_moe", FAM_QWEN_MOE},   {"qwen2_moe", FAM_QWEN_MOE},   {"mixtral", FAM_MIXTRAL},
+    {"gpt_oss", FAM_GPT_OSS},      {"llama", FAM_DENSE},          {"mistral", FAM_DENSE},
+};
+#define N_FAMILIES (sizeof FAMILIES / sizeof *FAMILIES)
+
+/* The shapes a config describes, in kiln's terms (docs/model-format.md). */
+typedef struct shape {
+	int64_t layers, dense_layers, hidden, ffn, heads, kv_heads, head_dim, vocab, max_pos;
+	bool mla;
+	int64_t q_lora, kv_lora, rope, v_head;
+	bool moe;
+	int64_t experts, shared, top_k, expert_ffn;
+} shape;
+
+/* Reading one config: every problem is reported, then the import stops. */
+typedef struct reader {
+	const char *path, *model_type;
+	const kiln_json *c;
+	int errors;
+} reader;
+
+static void bad(reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bad(reader *r, const char *fmt, ...)
+{
+	char esc[160];
+	fprintf(stderr, "%s: error: ", kiln_text_escape(r->path, strlen(r->path), sizeof esc, esc));
+	va_list ap;
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, " (model_type %s)\n", r->model_type);
+	r->errors++;
+}
+
+/* Integer field key: *out, or dflt when absent or null (missing is an error
+ * when required). Fields are non-negative integers below 2^53. */
+static int64_t field(reader *r, const char *key, bool required, int64_t dflt)
+{
+	const kiln_json *v = kiln_json_get(r->c, key);
+	if (!v || kiln_json_is_null(v)) {
+		if (required)
+			bad(r, "missing required field '%s'", key);
+		return dflt;
+	}
+	double x = kiln_json_number(v);
+	if (!kiln_json_is_number(v) || !(x >= 0 && x <= 9007199254740992.0) || x != floor(x)) {
+		if (kiln_json_is_number(v))
+			bad(r, "field '%s' is %g, not a non-negative integer", key, x);
+		else
+			bad(r, "field '%s' is not a number", key);
+		return dflt;
+	}
+	return (int64_t)x;
+}
+
+/* A required positive integer. */
+static int64_t positive(reader *r, const char *key)
+{
+	int64_t v = field(r, key, true, 0);
+	const kiln_json *j = kiln_json_get(r->c, key);
+	if (v == 0 && j && kiln_json_is_number(j))
+		bad(r, "field '%s' is 0, must be positive", key);
+	return v;
+}
+
+/* mlp_only_layers (qwen MoE): dense layers must be the first k. Returns k. */
+static int64_t dense_prefix(reader *r, const char *key)
+{
+	const kiln_json *a = kiln_json_get(r->c, key);
+	if (!a || kiln_json_is_null(a))
+		return 0;
+	int n = kiln_json_size(a);
+	for (int i = 0; i < n; i++) {
+		double x = kiln_json_number(kiln_json_at(a, i));
+		if (x != i) {
+			bad(r,
+			    "field '%s' lists dense layers other than the first ones (element %d); "
+			    "kiln "
+			    "models dense layers before the MoE ones only",
+			    key, i);
+			return 0;
+		}
+	}
+	return n;
+}
+
+static bool is_true(const reader *r, const char *key)
+{
+	return kiln_json_bool(kiln_json_get(r->c, key));
+}
+
+/* Reads the shapes of family f. Returns 0, or -1 after reporting. */
+static int read_shape(reader *r, family f, shape *s)
+{
+	*s = (shape){0};
+	s->hidden = positive(r, "hidden_size");
+	s->layers = positive(r, "num_hidden_layers");
+	s->heads = positive(r, "num_attention_heads");
+	s->vocab = positive(r, "vocab_size");
+	s->kv_heads = field(r, "num_key_value_heads", false, s->heads);
+	s->max_pos = field(r, "max_position_embeddings", false, 0);
+	s->head_dim = field(r, "head_dim", false, 0);
+	const char *act = kiln_json_string(kiln_json_get(r->c, "hidden_act"));
+	if (act && f != FAM_GPT_OSS && strcmp(act, "silu") != 0 && strcmp(act, "swish") != 0) {
+		char esc[64];
+		fprintf(
+		    stderr,
+		    "%s: error: hidden_act '%s': the %s family's gated MLP is modelled as SwiGLU "
+		    "(silu) only\n",
+		    r->path, kiln_text_escape(act, strlen(act), sizeof esc, esc), r->model_type);
+		r->errors++;
+	}
+	switch (f) {
+	case FAM_DEEPSEEK: {
+		s->moe = s->mla = true;
+		s->ffn = positive(r, "intermediate_size");
+		s->experts = positive(r, "n_routed_experts");
+		s->shared = field(r, "n_shared_experts", false, 0);
+		s->top_k = positive(r, "num_experts_per_tok");
+		s->expert_ffn = positive(r, "moe_intermediate_size");
+		s->dense_layers = field(r, "first_k_dense_replace", false, 0);
+		int64_t freq = field(r, "moe_layer_freq", false, 1);
+		if (freq != 1)
+			bad(r,
+			    "field 'moe_layer_freq' is %lld: kiln models every layer after the "
+			    "dense "
+			    "ones as MoE",
+			    (long long)freq);
+		s->q_lora = field(r, "q_lora_rank", false, 0);
+		s->kv_lora = positive(r, "kv_lora_rank");
+		s->rope = positive(r, "qk_rope_head_dim");
+		s->v_head = positive(r, "v_head_dim");
+		s->head_dim = positive(r, "qk_nope_head_dim");
+		s->kv_heads = s->heads;
+		break;
+	}
+	case FAM_QWEN_MOE: {
+		s->moe = true;
+		s->experts = positive(r, "num_experts");
+		s->top_k = positive(r, "num_experts_per_tok");
+		s->expert_ffn = positive(r, "moe_intermediate_size");
+		int64_t step = field(r, "decoder_sparse_step", false, 1);
+		if (step != 1)
+			bad(r,
+			    "field 'decoder_sparse_step' is %lld: kiln models every layer after "
+			    "the "
+			    "dense ones as MoE",
+			    (long long)step);
+		s->dense_layers = dense_prefix(r, "mlp_only_layers");
+		if (s->dense_layers > 0)
+			s->ffn = positive(r, "intermediate_size");
+		int64_t shared = field(r, "shared_expert_intermediate_size", false, 0);
+		if (shared > 0 && s->expert_ffn > 0) {
+			if (shared % s->expert_ffn != 0)
+				bad(r,
+				    "field 'shared_expert_intermediate_size' is %lld, not a "
+				    "multiple of "
+				    "moe_intermediate_size %lld: kiln models shared experts as "
+				    "whole experts",
+				    (long long)shared, (long long)s->expert_ffn);
+			s->shared = shared / s->expert_ffn;
+		}
+		break;
+	}
+	case FAM_MIXTRAL:
+	case FAM_GPT_OSS:
+		s->moe = true;
+		s->experts = positive(r, "num_local_experts");
+		s->top_k = positive(r, "num_experts_per_tok");
+		s->expert_ffn = positive(r, "intermediate_size");
+		break;
+	case FAM_DENSE:
+		s->ffn = positive(r, "intermediate_size");
+		s->dense_layers = s->layers;
+		break;
+	}
+	if (!s->head_dim && s->heads)
+		s->head_dim = s->hidden / s->heads;
+	return r->errors ? -1 : 0;
+}
+
+/* Notes on what the description leaves out; they change no figure kiln
+ * cannot model. */
+static void notes(const reader *r, family f, const shape *s)
+{
+	if (is_true(r, "tie_word_embeddings"))
+		fprintf(
+		    stderr,
+		    "kilnc: note: %s ties its input embedding and output layer; kiln counts them "
+		    "apart, so its parameters and static bytes are high by vocab x hidden = %lld "
+		    "weights\n",
+		    r->path, (long long)(s->vocab * s->hidden));
+	double mtp = kiln_json_number(kiln_json_get(r->c, "num_nextn_predict_layers"));
+	if (mtp > 0)
+		fprintf(
+		    stderr,
+		    "kilnc: note: %s has %.0f multi-token prediction layer(s); kiln describes the "
+		    "main model only\n",
+		    r->path, mtp);
+	/* Qwen configs give a window with use_sliding_window false: not used. */
+	const kiln_json *use = kiln_json_get(r->c, "use_sliding_window");
+	if (f == FAM_GPT_OSS || (kiln_json_is_number(kiln_json_get(r->c, "sliding_window")) &&
+	                         !(kiln_json_is_bool(use) && !kiln_json_bool(use))))
+		fprintf(stderr,
+		        "kilnc: note: %s has sliding-window attention layers; kiln models every "
+		        "layer's attention as full causal attention\n",
+		        r->path);
+}
+
+/* ---------------------------------------------------------------- options */
+
+typedef struct layout {
+	int64_t devices, tp, pp, ep, vpp, mb, gb, seq;
+	const char *hardware, *name, *out;
+	bool ep_given, gb_given, seq_given;
+} layout;
+
+static int64_t gcd(int64_t a, int64_t b)
+{
+	while (b) {
+		int64_t t = a % b;
+		a = b;
+		b = t;
+	}
+	return a;
+}
+
+/* The name of the description: letters, digits, '.', '_' and '-' kept,
+ * upper case lowered, anything else '-'. */
+static void clean_name(const char *s, size_t n, char *out, size_t cap)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < n && k + 1 < cap; i++) {
+		unsigned char c = (unsigned char)s[i];
+		if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+		    c == '-')
+			out[k++] = (char)c;
+		else if (c >= 'A' && c <= 'Z')
+			out[k++] = (char)(c - 'A' + 'a');
+		else
+			out[k++] = '-';
+	}
+	out[k] = '\0';
+	if (!k)
+		snprintf(out, cap, "imported");
+}
+
+/* The default name: the last part of _name_or_path, else the directory of
+ * a file named config.json, else the file name without .json. */
+static void default_name(const kiln_json *root, const char *path, char *out, size_t cap)
+{
+	const char *p = kiln_json_string(kiln_json_get(root, "_name_or_path"));
+	if (p && *p) {
+		const char *slash = strrchr(p, '/');
+		const char *b = slash && slash[1] ? slash + 1 : p;
+		clean_name(b, strlen(b), out, cap);
+		return;
+	}
+	const char *slash = strrchr(path, '/');
+	const char *base = slash ? slash + 1 : path;
+	if (strcmp(base, "config.json") == 0 && slash && slash > path) {
+		const char *d = slash - 1;
+		while (d > path && d[-1] != '/')
+			d--;
+		clean_name(d, (size_t)(slash - d), out, cap);
+		return;
+	}
+	size_t n = strlen(base);
+	if (n > 5 && strcasecmp(base + n - 5, ".json") == 0)
+		n -= 5;
+	clean_name(base, n, out, cap);
+}
+
+/* Checks the layout against the shapes before any YAML exists, with
+ * messages in terms of the options. Returns 0 or KILNC_EXIT_USAGE. */
+static int check_layout(layout *L, const shape *s)
+{
+	if (L->devices % (L->tp * L->pp) != 0) {
+		kilnc_usage("import",
+		            "--devices %lld is not a multiple of tp x pp = %lld x %lld: no whole "
+		            "data-parallel size",
+		            (long long)L->devices, (long long)L->tp, (long long)L->pp);
+		return KILNC_EXIT_USAGE;
+	}
+	int64_t dp = L->devices / (L->tp * L->pp);
+	if (s->moe) {
+		if (!L->ep_given) {
+			int64_t g = gcd(s->experts, dp * L->tp);
+			L->ep = 1;
+			for (int64_t e = 1; e <= g && e <= 64; e++)
+				if (g % e == 0)
+					L->ep = e;
+		}
+		if (s->experts % L->ep != 0 || (dp * L->tp) % L->ep != 0) {
+			kilnc_usage(
+			    "import",
+			    "--ep %lld must divide the %lld experts and tp x dp = %lld x %lld",
+			    (long long)L->ep, (long long)s->experts, (long long)L->tp,
+			    (long long)dp);
+			return KILNC_EXIT_USAGE;
+		}
+	} else if (L->ep_given && L->ep != 1) {
+		kilnc_usage("import", "--ep %lld: %s", (long long)L->ep,
+		            "a dense model has no experts to spread (ep 1)");
+		return KILNC_EXIT_USAGE;
+	}
+	if (!L->gb_given)
+		L->gb = dp * L->mb * 4 * L->pp;
+	if (L->gb % (L->mb * dp) != 0) {
+		kilnc_usage(
+		    "import",
+		    "--global-batch %lld is not a multiple of micro-batch x dp = %lld x %lld",
+		    (long long)L->gb, (long long)L->mb, (long long)dp);
+		return KILNC_EXIT_USAGE;
+	}
+	if (!L->seq_given)
+		L->seq = s->max_pos > 0 && s->max_pos < 4096 ? s->max_pos : 4096;
+	return KILNC_EXIT_OK;
+}
+
+/* ---------------------------------------------------------------- writing */
+
+typedef struct doc {
+	const shape *s;
+	const layout *L;
+	const char *path, *model_type, *name, *hardware;
+} doc;
+
+static int write_yaml(FILE *f, void *ctx)
+{
+	const doc *d = ctx;
+	const shape *s = d->s;
+	const layout *L = d->L;
+	char esc[4200];
+	fprintf(f, "# Imported by `kilnc import hf` from %s (model_type %s).\n",
+	        kiln_text_escape(d->path, strlen(d->path), sizeof esc, esc), d->model_type);
+	fputs("# Shapes from the config; layout, batch, sequence length and hardware from\n"
+	      "# the command line; every other key at its documented default\n"
+	      "# (docs/model-format.md).\n",
+	      f);
+	fprintf(f, "kiln: 1\nname: %s\nmodel:\n", d->name);
+	fprintf(f, "  layers: %lld\n", (long long)s->layers);
+	if (s->moe && s->dense_layers > 0)
+		fprintf(f, "  dense_layers: %lld\n", (long long)s->dense_layers);
+	fprintf(f, "  hidden: %lld\n", (long long)s->hidden);
+	if (s->dense_layers > 0)
+		fprintf(f, "  ffn_hidden: %lld\n", (long long)s->ffn);
+	fprintf(f, "  heads: %lld\n  kv_heads: %lld\n  head_dim: %lld\n", (long long)s->heads,
+	        (long long)s->kv_heads, (long long)s->head_dim);
+	fprintf(f, "  vocab: %lld\n  seq_len: %lld\n", (long long)s->vocab, (long long)L->seq);
+	fputs("  attention: flash\n  activation: swiglu\n", f);
+	if (s->mla) {
+		fputs("  mla:\n", f);
+		if (s->q_lora > 0)
+			fprintf(f, "    q_lora_rank: %lld\n", (long long)s->q_lora);
+		fprintf(f,
+		        "    kv_lora_rank: %lld\n    rope_head_dim: %lld\n    v_head_dim: %lld\n",
+		        (long long)s->kv_lora, (long long)s->rope, (long long)s->v_head);
+	}
+	if (s->moe) {
+		fprintf(f, "  moe:\n    experts: %lld\n", (long long)s->experts);
+		if (s->shared > 0)
+			fprintf(f, "    shared_experts: %lld\n", (long long)s->shared);
+		fprintf(f, "    top_k: %lld\n    expert_ffn_hidden: %lld\n", (long long)s->top_k,
+		        (long long)s->expert_ffn);
+	}
+	fprintf(f,
+	        "training:\n  micro_batch: %lld\n  global_batch: %lld\n  dtype: bf16\n"
+	        "  optimizer: adam\n  distributed_optimizer: true\n",
+	        (long long)L->mb, (long long)L->gb);
+	fprintf(f, "parallel:\n  devices: %lld\n  tp: %lld\n  pp: %lld\n", (long long)L->devices,
+	        (long long)L->tp, (long long)L->pp);
+	if (s->moe)
+		fprintf(f, "  ep: %lld\n", (long long)L->ep);
+	if (L->tp > 1)
+		fputs("  sequence_parallel: true\n", f);
+	if (L->vpp > 1)
+		fprintf(f, "  schedule: interleaved\n  vpp: %lld\n", (long long)L->vpp);
+	else
+		fputs("  schedule: 1f1b\n", f);
+	fprintf(f, "hardware: %s\n", d->hardware);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- the command */
+
+static int parse(int argc, char **argv, const char **config, layout *L)
+{
+	*L = (layout){.tp = 1, .pp = 1, .ep = 1, .vpp = 1, .mb = 1, .hardware = "h100-sxm"};
+	const char *v[10] = {0};
+	static const char *const names[10] = {
+	    "--devices",     "--tp",           "--pp",      "--ep",       "--vpp",
+	    "--micro-batch", "--global-batch", "--seq-len", "--hardware", "--name"};
+	*config = NULL;
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		int m = 0;
+		for (int k = 0; k < 10 && m == 0; k++)
+			m = kilnc_option_value(names[k], argc, argv, &i, &v[k]);
+		if (m == KILNC_EXIT_USAGE)
+			return m;
+		if (m)
+			continue;
+		if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0 ||
+		    strncmp(a, "--output=", 9) == 0) {
+			const char *o = NULL;
+			if (strcmp(a, "-o") == 0) {
+				if (i + 1 >= argc || !*argv[i + 1]) {
+					kilnc_usage("import", "-o needs a file name");
+					return KILNC_EXIT_USAGE;
+				}
+				o = argv[++i];
+			} else if ((m = kilnc_option_value("--output", argc, argv, &i, &o)) ==
+			           KILNC_EXIT_USAGE) {
+				return m;
+			}
+			if (L->out) {
+				kilnc_usage("import", "-o given twice");
+				return KILNC_EXIT_USAGE;
+			}
+			L->out = o;
+		} else if (a[0] == '-' && a[1]) {
+			kilnc_usage("import", "unknown option '%s' for 'import hf'", a);
+			return KILNC_EXIT_USAGE;
+		} else if (!*config) {
+			*config = a;
+		} else {
+			kilnc_usage("import",
+			            "'import hf' takes one CONFIG.json, got a second: '%s'", a);
+			return KILNC_EXIT_USAGE;
+		}
+	}
+	if (!*config) {
+		kilnc_usage("import", "'import hf' needs a CONFIG.json");
+		return KILNC_EXIT_USAGE;
+	}
+	if (!v[0]) {
+		kilnc_usage("import", "'import hf' needs --devices N (the job's devices)");
+		return KILNC_EXIT_USAGE;
+	}
+	int64_t *slots[8] = {&L->devices, &L->tp, &L->pp, &L->ep, &L->vpp, &L->mb, &L->gb, &L->seq};
+	static const int64_t hi[8] = {1 << 24, 1024,    4096,      65536,
+	                              4096,    1 << 20, 1LL << 40, 1 << 24};
+	for (int k = 0; k < 8; k++)
+		if (v[k] && kilnc_arg_i64("import", names[k], v[k], 1, hi[k], slots[k]))
+			return KILNC_EXIT_USAGE;
+	L->ep_given = v[3] != NULL;
+	L->gb_given = v[6] != NULL;
+	L->seq_given = v[7] != NULL;
+	if (v[8])
+		L->hardware = v[8];
+	L->name = v[9];
+	return KILNC_EXIT_OK;
+}
+
+int kilnc_import(int argc, char **argv)
+{
+	if (argc >= 1 && (strcmp(argv[0], "-h") == 0 || strcmp(argv[0], "--help") == 0))
+		return kilnc_help_import();
+	if (argc < 1 || strcmp(argv[0], "hf") != 0) {
+		kilnc_usage("import", "'import' reads one format: kilnc import hf CONFIG.json ...");
+		return KILNC_EXIT_USAGE;
+	}
+	for (int i = 1; i < argc; i++)
+		if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
+			return kilnc_help_import();
+	const char *config;
+	layout L;
+	int rc = parse(argc - 1, argv + 1, &config, &L);
+	if (rc)
+		return rc;
+	const kiln_out_name in = {"CONFIG", config}, out = {"-o", L.out};
+	if (kilnc_check_outputs(&in, 1, NULL, &out, 1) != KILNC_EXIT_OK)
+		return KILNC_EXIT_USAGE;
+
+	char *text;
+	size_t len;
+	if ((rc = kilnc_read_file(config, HF_MAX_BYTES, &text, &len)) != KILNC_EXIT_OK)
+		return rc;
+	kiln_json *root = kiln_json_parse(text, len);
+	free(text);
+	if (!root || !kiln_json_is_object(root)) {
+		fprintf(stderr,
+		        "kilnc: error: %s: not a JSON object (a Hugging Face config.json)\n",
+		        config);
+		kiln_json_free(root);
+		return KILNC_EXIT_INPUT;
+	}
+	rc = KILNC_EXIT_INPUT;
+	char *yaml = NULL;
+	size_t ylen = 0;
+	kiln_arena *a = NULL;
+	/* Multimodal configs carry the language model in text_config. */
+	const kiln_json *c = root;
+	if (kiln_json_is_object(kiln_json_get(root, "text_config")))
+		c = kiln_json_get(root, "text_config");
+	const char *type = kiln_json_string(kiln_json_get(c, "model_type"));
+	size_t fam = 0;
+	while (type && fam < N_FAMILIES && strcmp(FAMILIES[fam].model_type, type) != 0)
+		fam++;
+	if (!type || fam == N_FAMILIES) {
+		char esc[64];
+		fprintf(stderr, "kilnc: error: %s: %s%s%s; kiln imports", config,
+		        type ? "model_type '" : "no model_type",
+		        type ? kiln_text_escape(type, strlen(type), sizeof esc, esc) : "",
+		        type ? "' is not a family kiln knows" : "");
+		for (size_t k = 0; k < N_FAMILIES; k++)
+			fprintf(stderr, "%s %s", k ? "," : "", FAMILIES[k].model_type);
+		fputc('\n', stderr);
+		goto done;
+	}
+	reader r = {.path = config, .model_type = type, .c = c};
+	shape s;
+	if (read_shape(&r, FAMILIES[fam].kind, &s) != 0)
+		goto done;
+	if ((rc = check_layout(&L, &s)) != KILNC_EXIT_OK)
+		goto done;
+	rc = KILNC_EXIT_INPUT;
+	char name[128], hw[PATH_MAX];
+	if (L.name)
+		clean_name(L.name, strlen(L.name), name, sizeof name);
+	else
+		default_name(root, config, name, sizeof name);
+	/* A profile file is named absolutely: the description may be written
+	 * anywhere, and its relative paths resolve against its own directory. */
+	snprintf(hw, sizeof hw, "%s", L.hardware);
+	if (strchr(L.hardware, '/') || strstr(L.hardware, ".yaml") || strstr(L.hardware, ".yml")) {
+		if (!realpath(L.hardware, hw)) {
+			fprintf(stderr, "kilnc: error: --hardware %s: %s\n", L.hardware,
+			        strerror(errno));
+			goto done;
+		}
+	}
+	doc d = {
+	    .s = &s, .L = &L, .path = config, .model_type = type, .name = name, .hardware = hw};
+	FILE *mem = open_memstream(&yaml, &ylen);
+	if (!mem) {
+		fprintf(stderr, "kilnc: error: out of memory\n");
+		goto done;
+	}
+	write_yaml(mem, &d);
+	if (fclose(mem) != 0 || !yaml) {
+		fprintf(stderr, "kilnc: error: out of memory\n");
+		goto done;
+	}
+	/* What is written is what check accepts: the frontend has the last word. */
+	char label[PATH_MAX + 16];
+	snprintf(label, sizeof label, "%s (imported)", config);
+	a = kiln_arena_new();
+	kiln_model *m = NULL;
+	if (!a || kiln_frontend_load_buffer(label, yaml, ylen, a, stderr, &m) != KILN_FRONTEND_OK) {
+		fprintf(stderr,
+		        "kilnc: error: the description imported from %s with these options is "
+		        "invalid (above; the lines are those of the YAML it would write)\n",
+		        config);
+		goto done;
+	}
+	notes(&r, FAMILIES[fam].kind, &s);
+	if (L.out) {
+		if (kiln_out_write("kilnc", L.out, write_yaml, &d, stderr) != 0)
+			goto done;
+	} else {
+		fwrite(yaml, 1, ylen, stdout);
+	}
+	rc = KILNC_EXIT_OK;
+done:
+	kiln_arena_free(a);
+	free(yaml);
+	kiln_json_free(root);
+	return rc;
+}
