@@ -231,3 +231,14 @@ kiln_compilation kt_compile(const char *rel, int solver, kiln_arena **out_a)
 	*out_a = a;
 	return c;
 }
+
+void kt_slow(void)
+{
+	const char *tier = getenv("KILN_TEST_TIER");
+	if (!tier || strcmp(tier, "full") == 0)
+		return;
+	if (strcmp(tier, "quick") == 0)
+		cr_skip_test(
+		    "slow: the quick tier (KILN_TEST_TIER=quick) skips it; make test runs it");
+	cr_assert_fail("KILN_TEST_TIER is quick or full (or unset: full), got '%s'", tier);
+}

@@ -2,6 +2,7 @@
 #ifndef KILN_TEST_H
 #define KILN_TEST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -56,6 +57,15 @@ extern const char *const kt_shipped[];
  * pass with solver; asserts success. *out_a receives the arena the caller
  * frees. */
 struct kiln_compilation kt_compile(const char *rel, int solver, kiln_arena **out_a);
+
+/* Test tiers. `make check` runs the quick tier (KILN_TEST_TIER=quick) and
+ * `make test` the full one (KILN_TEST_TIER unset or "full"). A test tagged
+ * `.init = kt_slow` is skipped in the quick tier, and Criterion reports it
+ * as skipped, not passed; any other value of KILN_TEST_TIER fails the test.
+ * Tag the heavy cases: loops over every shipped model, MILP cross-checks,
+ * exact simulations, trainer runs of many steps, exhaustive loops over a
+ * blob's bytes. It may also be called first thing in a test's body. */
+void kt_slow(void);
 
 /* Lowers m into a new arena (*arena, the caller frees it) and asserts the
  * graph verifies. */

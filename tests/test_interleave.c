@@ -379,8 +379,8 @@ Test(interleave, dp_refuses_malformed_instances)
 
 /* ---------------------------------------------------------------- shipped models */
 
-
-Test(interleave, templates_of_every_shipped_model_verify_and_beat_serial, .timeout = 300)
+Test(interleave, templates_of_every_shipped_model_verify_and_beat_serial, .timeout = 300,
+     .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
 		kiln_arena *a;
@@ -447,7 +447,7 @@ Test(interleave, templates_of_every_shipped_model_verify_and_beat_serial, .timeo
 
 /* Feedback: keep-all first at 0, saving ascending, scheduled exposed time
  * strictly ascending from point 1 on, the maximal saving last. */
-Test(interleave, feedback_keeps_every_table_monotone, .timeout = 300)
+Test(interleave, feedback_keeps_every_table_monotone, .timeout = 300, .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
 		kiln_arena *a;
@@ -479,7 +479,7 @@ Test(interleave, feedback_keeps_every_table_monotone, .timeout = 300)
 /* On the shipped models too, wherever a template is small enough to search
  * exhaustively (at most 10 tasks per chain), the DP's makespan equals the
  * brute force over every merge order. */
-Test(interleave, dp_equals_brute_force_on_shipped_templates, .timeout = 300)
+Test(interleave, dp_equals_brute_force_on_shipped_templates, .timeout = 300, .init = kt_slow)
 {
 	int checked = 0;
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {

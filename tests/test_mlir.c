@@ -184,9 +184,11 @@ static void emit_check_and_read_back(const char *rel)
 	kiln_arena_free(a);
 }
 
-/* One test per model, so Criterion runs them in parallel. */
+/* One test per model, so Criterion runs them in parallel; together a loop
+ * over every shipped model, so slow (mlir_emit and mlir_viz cover tiny in
+ * the quick tier). */
 #define MODEL_TEST(id, file)                                                                       \
-	Test(mlir_models, id, .timeout = 300)                                                      \
+	Test(mlir_models, id, .timeout = 300, .init = kt_slow)                                     \
 	{                                                                                          \
 		emit_check_and_read_back("examples/models/" file);                                 \
 	}

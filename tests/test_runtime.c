@@ -98,7 +98,7 @@ Test(blob, same_input_gives_same_bytes)
 }
 
 /* What the blob says equals what the compiler computed. */
-Test(blob, round_trips_the_compilation)
+Test(blob, round_trips_the_compilation, .init = kt_slow)
 {
 	for (int k = 0; k < KT_N_SHIPPED; k++) {
 		kiln_arena *a;
@@ -218,7 +218,7 @@ Test(blob, model_hash_ignores_formatting)
 
 /* ------------------------------------------------------------ the loader */
 
-Test(runtime, every_single_byte_change_is_rejected)
+Test(runtime, every_single_byte_change_is_rejected, .init = kt_slow)
 {
 	size_t len;
 	unsigned char *b = blob_of("examples/models/tiny.yaml", &len);
@@ -319,7 +319,7 @@ static void query_everything(const kiln_rt *rt, const char *what)
 	}
 }
 
-Test(runtime, structural_changes_are_refused_or_harmless, .timeout = 600)
+Test(runtime, structural_changes_are_refused_or_harmless, .timeout = 600, .init = kt_slow)
 {
 	size_t len;
 	unsigned char *b = blob_of("examples/models/tiny.yaml", &len);
@@ -625,7 +625,8 @@ static uint64_t query_rows(const kiln_query *q)
 	return s;
 }
 
-Test(runtime, select_agrees_with_brute_force_and_fits_when_it_says_so, .timeout = 300)
+Test(runtime, select_agrees_with_brute_force_and_fits_when_it_says_so, .timeout = 300,
+     .init = kt_slow)
 {
 	srand(42);
 	const char *models[] = {"examples/models/tiny.yaml", "examples/models/kimi-k2-1t.yaml",
@@ -707,7 +708,7 @@ static int point_query_agrees(const kiln_rt *rt, const char *model, int32_t l, i
 /* Queries on each point of every table, both ways: the runtime's knee must
  * agree with the brute force's on every one, runs of points at the same
  * exposed time included (mixtral's tables have them, tiny's none). */
-Test(runtime, select_on_every_table_point_agrees_with_brute_force, .timeout = 300)
+Test(runtime, select_on_every_table_point_agrees_with_brute_force, .timeout = 300, .init = kt_slow)
 {
 	const char *models[] = {"examples/models/tiny.yaml", "examples/models/mixtral-8x22b.yaml"};
 	long ties = 0;
