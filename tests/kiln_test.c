@@ -232,6 +232,60 @@ kiln_compilation kt_compile(const char *rel, int solver, kiln_arena **out_a)
 	return c;
 }
 
+/* kt_compiled's cache: per model, one arena holding the loaded model and
+ * each of its compilations. Static, so the memory stays reachable (no leak
+ * report) until the process exits. */
+#define KT_CACHE_MODELS 16
+#define KT_CACHE_VARIANTS 8
+
+static struct kt_cached_model {
+	char rel[256];
+	kiln_arena *arena;
+	kiln_model *model;
+	int n;
+	struct kt_cached_compilation {
+		int solver;
+		bool no_offload;
+		kiln_compilation c;
+	} variants[KT_CACHE_VARIANTS];
+} kt_cache[KT_CACHE_MODELS];
+static int kt_cache_n;
+
+const kiln_compilation *kt_compiled(const char *rel, int solver, bool no_offload)
+{
+	struct kt_cached_model *cm = NULL;
+	for (int i = 0; i < kt_cache_n && !cm; i++)
+		if (strcmp(kt_cache[i].rel, rel) == 0)
+			cm = &kt_cache[i];
+	if (!cm) {
+		cr_assert_lt(kt_cache_n, KT_CACHE_MODELS, "kt_compiled: more than %d models",
+		             KT_CACHE_MODELS);
+		cr_assert_lt(strlen(rel), sizeof cm->rel, "kt_compiled: path too long: %s", rel);
+		cm = &kt_cache[kt_cache_n];
+		cm->arena = kiln_arena_new();
+		cr_assert_not_null(cm->arena);
+		cr_assert_eq(kiln_frontend_load_file(kt_src(rel), cm->arena, stderr, &cm->model), 0,
+		             "%s", rel);
+		strcpy(cm->rel, rel);
+		kt_cache_n++;
+	}
+	for (int i = 0; i < cm->n; i++)
+		if (cm->variants[i].solver == solver && cm->variants[i].no_offload == no_offload)
+			return &cm->variants[i].c;
+	cr_assert_lt(cm->n, KT_CACHE_VARIANTS, "kt_compiled: more than %d variants of %s",
+	             KT_CACHE_VARIANTS, rel);
+	struct kt_cached_compilation *v = &cm->variants[cm->n];
+	v->solver = solver;
+	v->no_offload = no_offload;
+	v->c = (kiln_compilation){.model = cm->model,
+	                          .arena = cm->arena,
+	                          .solver = (kiln_solver)solver,
+	                          .no_offload = no_offload};
+	cr_assert_eq(kiln_pipeline_compile(&v->c, NULL, NULL, NULL, stderr), 0, "%s", rel);
+	cm->n++;
+	return &v->c;
+}
+
 void kt_slow(void)
 {
 	const char *tier = getenv("KILN_TEST_TIER");

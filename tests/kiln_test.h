@@ -58,6 +58,17 @@ extern const char *const kt_shipped[];
  * frees. */
 struct kiln_compilation kt_compile(const char *rel, int solver, kiln_arena **out_a);
 
+/* The same compilation (planned without offloading when no_offload is set,
+ * as the simulator's kiln:no-offload wants it), from a cache of this test
+ * process: each (model, solver, no_offload) is compiled once per process,
+ * and both variants of a model share one loaded kiln_model. Criterion 2.4
+ * starts every test in a fresh process (BoxFort re-executes the binary), so
+ * the cache serves the tests that compile one model several times; nothing
+ * is shared between tests. The compilation and everything it points to
+ * belong to the cache until the process exits: read it, copy the struct,
+ * never change or free it. Asserts success. */
+const struct kiln_compilation *kt_compiled(const char *rel, int solver, bool no_offload);
+
 /* Test tiers. `make check` runs the quick tier (KILN_TEST_TIER=quick) and
  * `make test` the full one (KILN_TEST_TIER unset or "full"). A test tagged
  * `.init = kt_slow` is skipped in the quick tier, and Criterion reports it

@@ -21,10 +21,12 @@
 #include "passes/passes.h"
 #include "sim/sim.h"
 
+/* c and c2 are copies of kt_compiled's cached compilations (the tests
+ * below set one model up several times; each is compiled once per test
+ * process); a is the fixture's own arena for load profiles and results. */
 typedef struct fixture {
 	kiln_arena *a;
 	kiln_compilation c, c2;
-	kiln_arena *a2;
 	unsigned char *blob, *blob2;
 	kiln_rt *rt, *rt2, *acct;
 } fixture;
@@ -32,14 +34,14 @@ typedef struct fixture {
 static void setup(fixture *f, const char *rel)
 {
 	memset(f, 0, sizeof *f);
-	f->c = kt_compile(rel, KILN_SOLVER_DP, &f->a);
+	f->c = *kt_compiled(rel, KILN_SOLVER_DP, false);
+	f->c2 = *kt_compiled(rel, KILN_SOLVER_DP, true);
+	f->a = kiln_arena_new();
+	cr_assert_not_null(f->a);
 	size_t len;
 	cr_assert_eq(kiln_blob_build(&f->c, stderr, &f->blob, &len), 0);
 	cr_assert_eq(kiln_rt_open(f->blob, len, &f->rt), 0);
 	cr_assert_eq(kiln_rt_open(f->blob, len, &f->acct), 0);
-	f->a2 = kiln_arena_new();
-	f->c2 = (kiln_compilation){.model = f->c.model, .arena = f->a2, .no_offload = true};
-	cr_assert_eq(kiln_pipeline_compile(&f->c2, NULL, NULL, NULL, stderr), 0);
 	cr_assert_eq(kiln_blob_build(&f->c2, stderr, &f->blob2, &len), 0);
 	cr_assert_eq(kiln_rt_open(f->blob2, len, &f->rt2), 0);
 }
@@ -51,7 +53,6 @@ static void teardown(fixture *f)
 	kiln_rt_close(f->acct);
 	free(f->blob);
 	free(f->blob2);
-	kiln_arena_free(f->a2);
 	kiln_arena_free(f->a);
 }
 
