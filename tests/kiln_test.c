@@ -139,6 +139,15 @@ char *kt_temp_file(const char *suffix, const void *data, size_t len)
 	return path;
 }
 
+size_t kt_count(const char *hay, const char *needle)
+{
+	size_t n = 0, k = strlen(needle);
+	cr_assert_gt(k, 0, "kt_count: empty needle");
+	for (const char *p = hay; (p = strchr(p, needle[0])); p++)
+		n += strncmp(p, needle, k) == 0;
+	return n;
+}
+
 const char *kt_src(const char *rel)
 {
 	static char buf[4096];

@@ -34,6 +34,12 @@ int kt_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3))
  * and unlinks). */
 char *kt_temp_file(const char *suffix, const void *data, size_t len);
 
+/* How many times needle (not empty) occurs in hay, overlaps included, in one
+ * pass: a strstr loop would do, but ASan's strstr measures the whole rest of
+ * the haystack on every call, which makes such a loop quadratic under the
+ * sanitizers (33 s of CPU for tiny's 7.8 MB of MLIR). */
+size_t kt_count(const char *hay, const char *needle);
+
 /* Path of a file in the source tree (static buffer, valid until next call). */
 const char *kt_src(const char *rel);
 
