@@ -15,7 +15,8 @@ BUILD_FUZZ   ?= build-fuzz
 FUZZ_CC      ?= clang-14
 FUZZ_SECONDS ?= 30
 
-.PHONY: all deps build build-asan build-fuzz run check test test-plain test-asan fuzz bench paper clean
+.PHONY: all deps build build-asan build-fuzz run check test test-plain test-asan fuzz \
+	fuzz-seeds fuzz-blob fuzz-yaml bench paper clean
 
 all: build
 
@@ -74,13 +75,24 @@ test-asan: build-asan
 		echo "sanitizer reports above (full log: $(BUILD_SAN)/tests.log)"; exit 1; fi
 
 # FUZZ_SECONDS per target; docs/fuzzing.md. The blob seeds are compiled here by
-# the plain build's kilnc, so they always match the current format.
+# the plain build's kilnc, so they always match the current format. The two
+# targets are independent single-process runs: with JOBS of 2 or more they
+# run side by side, each for its FUZZ_SECONDS on a core of its own, and
+# --output-sync keeps each one's report together.
 fuzz: build build-fuzz
 	@echo "== fuzzing ($(FUZZ_SECONDS) s per target)"
+	@$(MAKE) --no-print-directory fuzz-seeds
+	@$(MAKE) --no-print-directory -j $(JOBS) --output-sync=target fuzz-blob fuzz-yaml
+
+fuzz-seeds:
 	@rm -rf $(BUILD_FUZZ)/seeds && mkdir -p $(BUILD_FUZZ)/seeds/blob
 	./$(BUILD)/kilnc compile examples/models/tiny.yaml -o $(BUILD_FUZZ)/seeds/blob/tiny.kiln >/dev/null
 	./$(BUILD)/kilnc compile examples/models/llama3-8b-dense.yaml -o $(BUILD_FUZZ)/seeds/blob/llama3-8b-dense.kiln >/dev/null
+
+fuzz-blob:
 	sh fuzz/run.sh $(BUILD_FUZZ) fuzz_blob $(FUZZ_SECONDS) $(BUILD_FUZZ)/seeds/blob fuzz/corpus/blob
+
+fuzz-yaml:
 	sh fuzz/run.sh $(BUILD_FUZZ) fuzz_yaml $(FUZZ_SECONDS) fuzz/corpus/yaml
 
 bench: build
