@@ -139,6 +139,15 @@ char *kt_temp_file(const char *suffix, const void *data, size_t len)
 	return path;
 }
 
+size_t kt_count(const char *hay, const char *needle)
+{
+	size_t n = 0, k = strlen(needle);
+	cr_assert_gt(k, 0, "kt_count: empty needle");
+	for (const char *p = hay; (p = strchr(p, needle[0])); p++)
+		n += strncmp(p, needle, k) == 0;
+	return n;
+}
+
 const char *kt_src(const char *rel)
 {
 	static char buf[4096];
@@ -220,6 +229,15 @@ const char *const kt_shipped[KT_N_SHIPPED] = {
 	"examples/models/llama3-8b-dense.yaml",
 };
 
+bool kt_shipped_here(size_t i)
+{
+	cr_assert_lt(i, KT_N_SHIPPED);
+	if (!KT_SANITIZED)
+		return true;
+	return strcmp(kt_shipped[i], "examples/models/kimi-k2-1t.yaml") != 0 &&
+	       strcmp(kt_shipped[i], "examples/models/custom-moe-188b.yaml") != 0;
+}
+
 kiln_compilation kt_compile(const char *rel, int solver, kiln_arena **out_a)
 {
 	kiln_arena *a = kiln_arena_new();
@@ -230,4 +248,69 @@ kiln_compilation kt_compile(const char *rel, int solver, kiln_arena **out_a)
 	cr_assert_eq(kiln_pipeline_compile(&c, NULL, NULL, NULL, stderr), 0, "%s", rel);
 	*out_a = a;
 	return c;
+}
+
+/* kt_compiled's cache: per model, one arena holding the loaded model and
+ * each of its compilations. Static, so the memory stays reachable (no leak
+ * report) until the process exits. */
+#define KT_CACHE_MODELS 16
+#define KT_CACHE_VARIANTS 8
+
+static struct kt_cached_model {
+	char rel[256];
+	kiln_arena *arena;
+	kiln_model *model;
+	int n;
+	struct kt_cached_compilation {
+		int solver;
+		bool no_offload;
+		kiln_compilation c;
+	} variants[KT_CACHE_VARIANTS];
+} kt_cache[KT_CACHE_MODELS];
+static int kt_cache_n;
+
+const kiln_compilation *kt_compiled(const char *rel, int solver, bool no_offload)
+{
+	struct kt_cached_model *cm = NULL;
+	for (int i = 0; i < kt_cache_n && !cm; i++)
+		if (strcmp(kt_cache[i].rel, rel) == 0)
+			cm = &kt_cache[i];
+	if (!cm) {
+		cr_assert_lt(kt_cache_n, KT_CACHE_MODELS, "kt_compiled: more than %d models",
+		             KT_CACHE_MODELS);
+		cr_assert_lt(strlen(rel), sizeof cm->rel, "kt_compiled: path too long: %s", rel);
+		cm = &kt_cache[kt_cache_n];
+		cm->arena = kiln_arena_new();
+		cr_assert_not_null(cm->arena);
+		cr_assert_eq(kiln_frontend_load_file(kt_src(rel), cm->arena, stderr, &cm->model), 0,
+		             "%s", rel);
+		strcpy(cm->rel, rel);
+		kt_cache_n++;
+	}
+	for (int i = 0; i < cm->n; i++)
+		if (cm->variants[i].solver == solver && cm->variants[i].no_offload == no_offload)
+			return &cm->variants[i].c;
+	cr_assert_lt(cm->n, KT_CACHE_VARIANTS, "kt_compiled: more than %d variants of %s",
+	             KT_CACHE_VARIANTS, rel);
+	struct kt_cached_compilation *v = &cm->variants[cm->n];
+	v->solver = solver;
+	v->no_offload = no_offload;
+	v->c = (kiln_compilation){.model = cm->model,
+	                          .arena = cm->arena,
+	                          .solver = (kiln_solver)solver,
+	                          .no_offload = no_offload};
+	cr_assert_eq(kiln_pipeline_compile(&v->c, NULL, NULL, NULL, stderr), 0, "%s", rel);
+	cm->n++;
+	return &v->c;
+}
+
+void kt_slow(void)
+{
+	const char *tier = getenv("KILN_TEST_TIER");
+	if (!tier || strcmp(tier, "full") == 0)
+		return;
+	if (strcmp(tier, "quick") == 0)
+		cr_skip_test(
+		    "slow: the quick tier (KILN_TEST_TIER=quick) skips it; make test runs it");
+	cr_assert_fail("KILN_TEST_TIER is quick or full (or unset: full), got '%s'", tier);
 }

@@ -2,6 +2,7 @@
 #ifndef KILN_TEST_H
 #define KILN_TEST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,12 @@ int kt_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3))
  * and unlinks). */
 char *kt_temp_file(const char *suffix, const void *data, size_t len);
 
+/* How many times needle (not empty) occurs in hay, overlaps included, in one
+ * pass: a strstr loop would do, but ASan's strstr measures the whole rest of
+ * the haystack on every call, which makes such a loop quadratic under the
+ * sanitizers (33 s of CPU for tiny's 7.8 MB of MLIR). */
+size_t kt_count(const char *hay, const char *needle);
+
 /* Path of a file in the source tree (static buffer, valid until next call). */
 const char *kt_src(const char *rel);
 
@@ -52,10 +59,48 @@ void kt_model_finish(kt_model *t);
 extern const char *const kt_shipped[];
 #define KT_N_SHIPPED 7
 
+/* 1 in the ASan+UBSan build (gcc defines __SANITIZE_ADDRESS__), else 0. */
+#if defined(__SANITIZE_ADDRESS__)
+#define KT_SANITIZED 1
+#else
+#define KT_SANITIZED 0
+#endif
+
+/* Whether a loop over every shipped model checks kt_shipped[i] in this
+ * build. The plain build checks every model. Under the sanitizers, where
+ * compiling takes about four times the CPU and dominates these loops, they
+ * leave out kimi-k2-1t and custom-moe-188b, the two slowest to compile
+ * (together about half of the seven's time): deepseek-v3-671b has their
+ * shape (dense layers first, shared experts, wide expert parallelism) and
+ * qwen3, mixtral and llama3 their tensor and sequence parallelism; and
+ * mlir_models/kimi_k2 and mlir_models/custom_moe still compile both under
+ * the sanitizers. The same assertions run on all seven in the plain build. */
+bool kt_shipped_here(size_t i);
+
 /* Loads a shipped model (path relative to the source tree) and runs every
  * pass with solver; asserts success. *out_a receives the arena the caller
  * frees. */
 struct kiln_compilation kt_compile(const char *rel, int solver, kiln_arena **out_a);
+
+/* The same compilation (planned without offloading when no_offload is set,
+ * as the simulator's kiln:no-offload wants it), from a cache of this test
+ * process: each (model, solver, no_offload) is compiled once per process,
+ * and both variants of a model share one loaded kiln_model. Criterion 2.4
+ * starts every test in a fresh process (BoxFort re-executes the binary), so
+ * the cache serves the tests that compile one model several times; nothing
+ * is shared between tests. The compilation and everything it points to
+ * belong to the cache until the process exits: read it, copy the struct,
+ * never change or free it. Asserts success. */
+const struct kiln_compilation *kt_compiled(const char *rel, int solver, bool no_offload);
+
+/* Test tiers. `make check` runs the quick tier (KILN_TEST_TIER=quick) and
+ * `make test` the full one (KILN_TEST_TIER unset or "full"). A test tagged
+ * `.init = kt_slow` is skipped in the quick tier, and Criterion reports it
+ * as skipped, not passed; any other value of KILN_TEST_TIER fails the test.
+ * Tag the heavy cases: loops over every shipped model, MILP cross-checks,
+ * exact simulations, trainer runs of many steps, exhaustive loops over a
+ * blob's bytes. It may also be called first thing in a test's body. */
+void kt_slow(void);
 
 /* Lowers m into a new arena (*arena, the caller frees it) and asserts the
  * graph verifies. */

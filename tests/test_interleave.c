@@ -379,10 +379,12 @@ Test(interleave, dp_refuses_malformed_instances)
 
 /* ---------------------------------------------------------------- shipped models */
 
-
-Test(interleave, templates_of_every_shipped_model_verify_and_beat_serial, .timeout = 300)
+Test(interleave, templates_of_every_shipped_model_verify_and_beat_serial, .timeout = 300,
+     .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
+		if (!kt_shipped_here(mi))
+			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		const kiln_plan_schedule *s = c.schedule;
@@ -447,9 +449,11 @@ Test(interleave, templates_of_every_shipped_model_verify_and_beat_serial, .timeo
 
 /* Feedback: keep-all first at 0, saving ascending, scheduled exposed time
  * strictly ascending from point 1 on, the maximal saving last. */
-Test(interleave, feedback_keeps_every_table_monotone, .timeout = 300)
+Test(interleave, feedback_keeps_every_table_monotone, .timeout = 300, .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
+		if (!kt_shipped_here(mi))
+			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		for (int32_t ti = 0; ti < c.n_sets * c.n_buckets; ti++) {
@@ -479,10 +483,12 @@ Test(interleave, feedback_keeps_every_table_monotone, .timeout = 300)
 /* On the shipped models too, wherever a template is small enough to search
  * exhaustively (at most 10 tasks per chain), the DP's makespan equals the
  * brute force over every merge order. */
-Test(interleave, dp_equals_brute_force_on_shipped_templates, .timeout = 300)
+Test(interleave, dp_equals_brute_force_on_shipped_templates, .timeout = 300, .init = kt_slow)
 {
 	int checked = 0;
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
+		if (!kt_shipped_here(mi))
+			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		const kiln_plan_schedule *s = c.schedule;

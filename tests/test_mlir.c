@@ -184,9 +184,11 @@ static void emit_check_and_read_back(const char *rel)
 	kiln_arena_free(a);
 }
 
-/* One test per model, so Criterion runs them in parallel. */
+/* One test per model, so Criterion runs them in parallel; together a loop
+ * over every shipped model, so slow (mlir_emit and mlir_viz cover tiny in
+ * the quick tier). */
 #define MODEL_TEST(id, file)                                                                       \
-	Test(mlir_models, id, .timeout = 300)                                                      \
+	Test(mlir_models, id, .timeout = 300, .init = kt_slow)                                     \
 	{                                                                                          \
 		emit_check_and_read_back("examples/models/" file);                                 \
 	}
@@ -230,18 +232,12 @@ Test(mlir_emit, graph_units_tables_and_pool_are_all_there)
 	for (int32_t j = 0; j < c.schedule->n_templates; j++)
 		tasks += c.schedule->templates[j].n_tasks;
 	for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
-		long n = 0;
-		for (const char *p = text; (p = strstr(p, want[k].op)); p++)
-			n++;
+		long n = (long)kt_count(text, want[k].op);
 		cr_assert_eq(n, want[k].want, "%s: %ld ops, want %ld", want[k].op, n, want[k].want);
 	}
-	long n_unit = 0, n_point = 0, n_task = 0;
-	for (const char *p = text; (p = strstr(p, "\"kiln.unit\"")); p++)
-		n_unit++;
-	for (const char *p = text; (p = strstr(p, "\"kiln.point\"")); p++)
-		n_point++;
-	for (const char *p = text; (p = strstr(p, "\"kiln.task\"")); p++)
-		n_task++;
+	long n_unit = (long)kt_count(text, "\"kiln.unit\""),
+	     n_point = (long)kt_count(text, "\"kiln.point\""),
+	     n_task = (long)kt_count(text, "\"kiln.task\"");
 	cr_assert_eq(n_unit, units);
 	cr_assert_eq(n_point, points);
 	cr_assert_eq(n_task, tasks);

@@ -605,7 +605,7 @@ Test(options, oversized_group_split)
 	int32_t x = kiln_ir_builder_tensor(b, "x", (kiln_lin){1000, 0}, KILN_T_SAVED, -1);
 	int32_t outs[8];
 	for (int i = 0; i < 8; i++) {
-		char name[8];
+		char name[16];
 		snprintf(name, sizeof name, "o%d", i);
 		outs[i] = kiln_ir_builder_tensor(b, name, (kiln_lin){1000, 0}, KILN_T_SAVED, -1);
 	}

@@ -49,9 +49,11 @@ Test(plan, buckets_are_fine_near_one_and_end_at_max_factor)
 
 /* Every frontier starts with keep-everything, is strictly monotone, and
  * every plan on it is valid under source tracking. */
-Test(plan, frontiers_are_monotone_and_valid, .timeout = 300)
+Test(plan, frontiers_are_monotone_and_valid, .timeout = 300, .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
+		if (!kt_shipped_here(mi))
+			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		for (int32_t s = 0; s < c.n_sets; s++)
@@ -95,10 +97,12 @@ Test(plan, frontiers_are_monotone_and_valid, .timeout = 300)
 
 /* A plan chosen at a bucket's upper edge for a given free memory fits at
  * every load inside the bucket: saved(r) >= keep_all(r) - free. */
-Test(plan, a_bucket_plan_fits_every_load_inside_its_bucket, .timeout = 300)
+Test(plan, a_bucket_plan_fits_every_load_inside_its_bucket, .timeout = 300, .init = kt_slow)
 {
 	unsigned seed = 7;
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
+		if (!kt_shipped_here(mi))
+			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		for (int32_t s = 0; s < c.n_sets; s++) {
@@ -176,9 +180,11 @@ static void check_safety_exact(const kiln_compilation *c, const char *name)
 	}
 }
 
-Test(plan, safety_bound_is_exact, .timeout = 300)
+Test(plan, safety_bound_is_exact, .timeout = 300, .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
+		if (!kt_shipped_here(mi))
+			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		check_safety_exact(&c, kt_shipped[mi]);
@@ -237,9 +243,11 @@ Test(plan, partial_safety_bound_is_exact_and_reported)
 
 /* The DP's frontier agrees with the exact MILP on the shipped models'
  * instances (a sample of buckets and saving targets per unit set). */
-Test(plan, dp_matches_milp_on_shipped_models, .timeout = 300)
+Test(plan, dp_matches_milp_on_shipped_models, .timeout = 300, .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
+		if (!kt_shipped_here(mi))
+			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		/* A dense model plans up to load 1 only: clamp to the last bucket. */
@@ -332,7 +340,7 @@ static double targets_us(const kiln_compilation *c, const kiln_plan_table *t,
  *   quanta, above the layer's ~1,024) would call a whole-layer offload
  *   free, which no template hides; and both choices occur: tiny takes hi
  *   somewhere, DeepSeek-V3 keeps lo below hi somewhere. */
-Test(plan, measured_copy_window_is_what_the_templates_hide, .timeout = 300)
+Test(plan, measured_copy_window_is_what_the_templates_hide, .timeout = 300, .init = kt_slow)
 {
 	static const char *const models[] = {"examples/models/tiny.yaml",
 	                                     "examples/models/deepseek-v3-671b.yaml"};
@@ -443,9 +451,11 @@ Test(plan, measured_copy_window_is_what_the_templates_hide, .timeout = 300)
 	}
 }
 
-Test(plan, baselines_follow_their_rules)
+Test(plan, baselines_follow_their_rules, .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
+		if (!kt_shipped_here(mi))
+			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		for (int32_t i = 0; i < c.n_sets; i++) {

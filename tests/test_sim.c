@@ -22,10 +22,12 @@
 #include "passes/passes.h"
 #include "sim/sim.h"
 
+/* c and c2 are copies of kt_compiled's cached compilations (the tests
+ * below set one model up several times; each is compiled once per test
+ * process); a is the fixture's own arena for load profiles and results. */
 typedef struct fixture {
 	kiln_arena *a;
 	kiln_compilation c, c2;
-	kiln_arena *a2;
 	unsigned char *blob, *blob2;
 	kiln_rt *rt, *rt2, *acct;
 } fixture;
@@ -33,14 +35,14 @@ typedef struct fixture {
 static void setup(fixture *f, const char *rel)
 {
 	memset(f, 0, sizeof *f);
-	f->c = kt_compile(rel, KILN_SOLVER_DP, &f->a);
+	f->c = *kt_compiled(rel, KILN_SOLVER_DP, false);
+	f->c2 = *kt_compiled(rel, KILN_SOLVER_DP, true);
+	f->a = kiln_arena_new();
+	cr_assert_not_null(f->a);
 	size_t len;
 	cr_assert_eq(kiln_blob_build(&f->c, stderr, &f->blob, &len), 0);
 	cr_assert_eq(kiln_rt_open(f->blob, len, &f->rt), 0);
 	cr_assert_eq(kiln_rt_open(f->blob, len, &f->acct), 0);
-	f->a2 = kiln_arena_new();
-	f->c2 = (kiln_compilation){.model = f->c.model, .arena = f->a2, .no_offload = true};
-	cr_assert_eq(kiln_pipeline_compile(&f->c2, NULL, NULL, NULL, stderr), 0);
 	cr_assert_eq(kiln_blob_build(&f->c2, stderr, &f->blob2, &len), 0);
 	cr_assert_eq(kiln_rt_open(f->blob2, len, &f->rt2), 0);
 }
@@ -52,7 +54,6 @@ static void teardown(fixture *f)
 	kiln_rt_close(f->acct);
 	free(f->blob);
 	free(f->blob2);
-	kiln_arena_free(f->a2);
 	kiln_arena_free(f->a);
 }
 
@@ -96,7 +97,7 @@ static const char *const MODELS[] = {"examples/models/tiny.yaml",
 static const char *const LOADS[] = {"paper", "hot-rank", "burst", "balanced"};
 
 Test(sim, nothing_beats_unbounded_and_no_failure_free_policy_is_slower_than_full_recompute,
-     .timeout = 900)
+     .timeout = 900, .init = kt_slow)
 {
 	for (int m = 0; m < 2; m++)
 		for (int l = 0; l < 4; l++) {
@@ -148,7 +149,7 @@ Test(sim, same_seed_same_result)
 
 /* The policies run on threads; the results are the same to the last bit
  * on one thread or several (more threads than CPUs included). */
-Test(sim, same_result_on_any_number_of_threads, .timeout = 300)
+Test(sim, same_result_on_any_number_of_threads, .timeout = 300, .init = kt_slow)
 {
 	static const int32_t THREADS[] = {2, 3, 8};
 	for (int l = 0; l < 2; l++) {
@@ -235,7 +236,7 @@ Test(sim, emitted_loads_replay_as_the_profile)
 
 /* kiln's bytes, counted by the simulator, equal the runtime's accounting
  * fed the same events (the check runs at every layer decision). */
-Test(sim, kiln_memory_equals_the_runtime_accounting)
+Test(sim, kiln_memory_equals_the_runtime_accounting, .init = kt_slow)
 {
 	for (int m = 0; m < 2; m++) {
 		fixture f;
@@ -253,7 +254,7 @@ Test(sim, kiln_memory_equals_the_runtime_accounting)
  * the worst case measured is kiln:no-overlap under zipf:1.2, 5.7% high),
  * memory from the KILN_SIM_CANDIDATES ranks that carry the most rows (the
  * same failures, and peaks within 5% below exact). */
-Test(sim, statistical_method_matches_the_exact_simulation, .timeout = 900)
+Test(sim, statistical_method_matches_the_exact_simulation, .timeout = 900, .init = kt_slow)
 {
 	/* tiny (4 ranks per group: all followed for memory) under the spiky
 	 * profiles, mixtral (8 ranks) under paper and zipf, where the hot rank
@@ -300,7 +301,7 @@ Test(sim, statistical_method_matches_the_exact_simulation, .timeout = 900)
  * (docs/runtime.md, step 7) zipf:1.2 gave 93.9% here: a rank hot in two
  * layers running kept 2.45 GB for 12.0 ms in the first and was left 0.1 GB,
  * 70.6 ms, in the second. */
-Test(sim, kiln_reaches_95_percent_of_unbounded_exactly_on_deepseek, .timeout = 900)
+Test(sim, kiln_reaches_95_percent_of_unbounded_exactly_on_deepseek, .timeout = 900, .init = kt_slow)
 {
 	static const char *const loads[] = {"zipf:1.2", "hot-rank"};
 	fixture f;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "costmodel/costmodel.h"
+#include "kiln_test.h"
 
 #define T_MAX_GROUPS 12
 #define T_MAX_CHOICES 9
@@ -486,7 +487,7 @@ Test(solvers, random_instances_180_to_239)
 /* The MILP frontier (successive solves) equals the DP frontier point for
  * point: costs are exact multiples of 0.25 us, so both keep the same
  * largest saving at each cost level. */
-Test(solvers, milp_frontier_equals_dp_frontier)
+Test(solvers, milp_frontier_equals_dp_frontier, .init = kt_slow)
 {
 	uint64_t rng = 0x66726f6e74u;
 	tinst t;

@@ -117,7 +117,7 @@ static int read_log(const char *path, step_log *out, int cap)
  * stage's real budget give the same losses and the same gradients, bit for
  * bit, over 20 steps with spikes: recomputing re-runs the same forward op on
  * the same bytes, and offloading copies bytes out and back. */
-Test(trainer, kiln_is_bitwise_identical_to_keeping_everything, .timeout = 1800)
+Test(trainer, kiln_is_bitwise_identical_to_keeping_everything, .timeout = 1800, .init = kt_slow)
 {
 	char *plan = compile_plan();
 	char *keep_log = kt_temp_file(".jsonl", "", 0), *kiln_log = kt_temp_file(".jsonl", "", 0);
@@ -186,7 +186,7 @@ Test(trainer, kiln_is_bitwise_identical_to_keeping_everything, .timeout = 1800)
  * everything fits calm steps but overflows on the first spike, with the
  * out-of-memory message and exit status 3; kiln runs the same steps with
  * no failure. */
-Test(trainer, spike_overflows_keep_everything_but_not_kiln, .timeout = 1800)
+Test(trainer, spike_overflows_keep_everything_but_not_kiln, .timeout = 1800, .init = kt_slow)
 {
 	char *plan = compile_plan(), *out;
 	int st = trainer(&out, 4, plan, "--policy keep --steps 3");
@@ -308,7 +308,7 @@ Test(trainer, arena_bytes_equal_the_runtime_prediction, .timeout = 1800)
  * loss: --grad-check probes 29 weights of every kind on both stages and both
  * EP ranks, with the routing pinned so the loss is smooth, and exits 4 when
  * one differs by more than 2%. */
-Test(trainer, gradients_match_finite_differences, .timeout = 1800)
+Test(trainer, gradients_match_finite_differences, .timeout = 1800, .init = kt_slow)
 {
 	char *plan = compile_plan(), *out;
 	int st = trainer(&out, 4, plan, "--grad-check");
@@ -327,7 +327,7 @@ Test(trainer, gradients_match_finite_differences, .timeout = 1800)
  * to match. kiln runs the 20 steps in the real budget with no failure, and
  * step 13 (iteration 12) reaches 2x: at factor 2 every token sends both
  * rows to the hot rank. */
-Test(trainer, replays_the_paper_pattern, .timeout = 1800)
+Test(trainer, replays_the_paper_pattern, .timeout = 1800, .init = kt_slow)
 {
 	char *plan = compile_plan(), *trace = kt_temp_file(".csv", "", 0);
 	char *log = kt_temp_file(".jsonl", "", 0), *out, args[1024];
@@ -364,7 +364,7 @@ Test(trainer, replays_the_paper_pattern, .timeout = 1800)
 }
 
 /* Bad input: a clear message and a non-zero exit, never a hang. */
-Test(trainer, bad_input, .timeout = 900)
+Test(trainer, bad_input, .timeout = 900, .init = kt_slow)
 {
 	char *plan = compile_plan(), *out;
 	int st = trainer(&out, 4, plan, "--help");
