@@ -523,7 +523,7 @@ Test(sim, micro_batch_counts_are_never_truncated)
  * rather than finish); 80,000 are 8,960,000 rows of at least 28 bytes each
  * ("7xxxx,m,l,r," is 12 and a 17-digit factor 16 more), over 256 MiB. The
  * byte count is exact: the file of 3 iterations is as long as it says. */
-Test(sim, emitted_loads_stay_within_what_loads_reads, .timeout = 300)
+Test(sim, emitted_loads_stay_within_what_loads_reads, .timeout = 300, .init = kt_slow)
 {
 	char *path = kt_temp_file(".csv", "", 0);
 	unlink(path);

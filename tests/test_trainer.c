@@ -430,7 +430,7 @@ Test(trainer, bad_input, .timeout = 900, .init = kt_slow)
 /* The trainer's logs follow kilnc's output rule (docs/cli.md, "Output
  * files"): a log that cannot be written fails the run with the reason, and
  * no log may name a file the trainer reads. */
-Test(trainer, logs_follow_the_output_rule, .timeout = 900)
+Test(trainer, logs_follow_the_output_rule, .timeout = 900, .init = kt_slow)
 {
 	char *plan = compile_plan(), *out;
 	int st = trainer(&out, 4, plan, "--steps 1 --log /dev/full");
@@ -485,7 +485,7 @@ Test(trainer, logs_follow_the_output_rule, .timeout = 900)
 /* The trainer reads its options as kilnc does (docs/cli.md, "Options" and
  * "Numbers"): each once (--spike excepted), numbers decimal with nothing
  * around them. */
-Test(trainer, options_once_and_numbers_as_kilnc_reads_them, .timeout = 900)
+Test(trainer, options_once_and_numbers_as_kilnc_reads_them, .timeout = 900, .init = kt_slow)
 {
 	char *plan = compile_plan(), *out;
 	struct {
