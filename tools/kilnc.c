@@ -453,16 +453,24 @@ static int write_json_stdout(const kiln_json *doc, int rc)
 int kilnc_check_outputs(const kiln_out_name *in, size_t n_in, const kiln_model *m,
                         const kiln_out_name *out, size_t n_out)
 {
-	kiln_out_name all[8];
-	if (n_in >= sizeof all / sizeof *all)
-		return EXIT_USAGE; /* not reached: commands have a few inputs */
+	kiln_out_name all_in[8], all_out[8];
+	if (n_in + 1 > 8 || n_out + 1 > 8)
+		return EXIT_USAGE; /* not reached: commands have a few files */
 	for (size_t i = 0; i < n_in; i++)
-		all[i] = in[i];
+		all_in[i] = in[i];
 	/* A shipped or inline profile has no file ("<shipped:NAME>", the model). */
-	all[n_in++] =
-	    (kiln_out_name){"the hardware profile",
-	                    m && m->hw.source && m->hw.source[0] != '<' ? m->hw.source : NULL};
-	return kiln_out_check("kilnc", all, n_in, out, n_out, stderr) == 0 ? EXIT_OK : EXIT_USAGE;
+	all_in[n_in++] = (kiln_out_name){
+	    "hardware profile", m && m->hw.source && m->hw.source[0] != '<' ? m->hw.source : NULL};
+	for (size_t j = 0; j < n_out; j++)
+		all_out[j] = out[j];
+	/* stdout redirected to a file is an output too (`> out.svg` beside
+	 * --emit-svg out.svg, `>> m.yaml`). */
+	struct stat st;
+	all_out[n_out++] = (kiln_out_name){
+	    "the standard output",
+	    fstat(STDOUT_FILENO, &st) == 0 && S_ISREG(st.st_mode) ? "/dev/stdout" : NULL};
+	return kiln_out_check("kilnc", all_in, n_in, all_out, n_out, stderr) == 0 ? EXIT_OK
+	                                                                          : EXIT_USAGE;
 }
 
 static int cmd_check(int argc, char **argv)
@@ -809,7 +817,7 @@ static int cmd_viz(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	const kiln_out_name in = {"PLAN", plan}, outn = {"-o", out};
-	if (kiln_out_check("kilnc", &in, 1, &outn, 1, stderr) != 0)
+	if (kilnc_check_outputs(&in, 1, NULL, &outn, 1) != EXIT_OK)
 		return EXIT_USAGE;
 	char *text;
 	size_t len;

@@ -180,9 +180,10 @@ done:
  * is published only once its string is complete and cleared before the
  * string is freed; lock-free atomics are async-signal-safe. */
 static _Atomic(const char *) g_tmp[KILN_OUT_MAX_OPEN];
-static const int g_signals[] = {SIGINT, SIGTERM, SIGHUP};
-static struct sigaction g_old[3];
-static bool g_installed[3];
+static const int g_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+#define N_SIGNALS ((int)(sizeof g_signals / sizeof *g_signals))
+static struct sigaction g_old[N_SIGNALS];
+static bool g_installed[N_SIGNALS];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void remove_temps(void)
@@ -197,7 +198,7 @@ static void remove_temps(void)
 static void on_signal(int sig)
 {
 	remove_temps();
-	for (int k = 0; k < 3; k++)
+	for (int k = 0; k < N_SIGNALS; k++)
 		if (g_signals[k] == sig && g_installed[k] && g_old[k].sa_handler != SIG_DFL &&
 		    !(g_old[k].sa_flags & SA_SIGINFO)) {
 			/* The program's own handler runs after the clean-up. */
@@ -209,17 +210,22 @@ static void on_signal(int sig)
 
 static void install(void)
 {
-	for (int k = 0; k < 3; k++) {
+	for (int k = 0; k < N_SIGNALS; k++) {
 		struct sigaction old;
 		if (sigaction(g_signals[k], NULL, &old) != 0 || old.sa_handler == SIG_IGN)
 			continue; /* ignored (nohup): stay ignored */
 		g_old[k] = old;
 		struct sigaction sa = {.sa_handler = on_signal};
 		sigemptyset(&sa.sa_mask);
-		for (int j = 0; j < 3; j++)
+		for (int j = 0; j < N_SIGNALS; j++)
 			sigaddset(&sa.sa_mask, g_signals[j]);
 		g_installed[k] = sigaction(g_signals[k], &sa, NULL) == 0;
 	}
+	/* A reader that goes away (a FIFO, a pipe) and a file-size limit end a
+	 * write with EPIPE and EFBIG, reported with the file's name, instead of
+	 * killing the process with temporary files left behind. */
+	signal(SIGPIPE, SIG_IGN);
+	signal(SIGXFSZ, SIG_IGN);
 	atexit(remove_temps);
 }
 
@@ -228,17 +234,21 @@ static void install(void)
  * -1 with errno set. */
 static int make_temp(kiln_out *o)
 {
-	static const char suffix[] = ".tmp.XXXXXX";
+	static const char suffix[] = ".tmp.XXXXXX", hidden[] = ".kiln.tmp.XXXXXX";
 	size_t n = strlen(o->target);
-	o->tmp = malloc(n + sizeof suffix);
+	const char *slash = strrchr(o->target, '/');
+	size_t base = slash ? n - (size_t)(slash - o->target) - 1 : n;
+	o->tmp = malloc(n + sizeof hidden);
 	if (!o->tmp)
 		return -1;
 	memcpy(o->tmp, o->target, n);
-	memcpy(o->tmp + n, suffix, sizeof suffix);
-	pthread_once(&g_once, install);
+	if (base + sizeof suffix - 1 <= NAME_MAX)
+		memcpy(o->tmp + n, suffix, sizeof suffix);
+	else /* a name near the limit: a short hidden name beside it */
+		memcpy(o->tmp + (n - base), hidden, sizeof hidden);
 	sigset_t block, saved;
 	sigemptyset(&block);
-	for (int k = 0; k < 3; k++)
+	for (int k = 0; k < N_SIGNALS; k++)
 		sigaddset(&block, g_signals[k]);
 	pthread_sigmask(SIG_BLOCK, &block, &saved);
 	int slot = -1;
@@ -316,13 +326,17 @@ kiln_out *kiln_out_open(const char *prog, const char *path, FILE *err)
 		return NULL;
 	}
 	*o = (kiln_out){.prog = prog, .path = path, .fd = -1, .slot = -1};
-	o->target = canonical(path, 0);
+	pthread_once(&g_once, install);
+	/* A device or FIFO is written where the path leads, resolved or not:
+	 * /dev/stdout and /dev/fd/N name pipes realpath cannot resolve. */
+	struct stat st;
+	bool special = stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+	o->target = special ? strdup(path) : canonical(path, 0);
 	if (!o->target) {
 		report(o, err, errno);
 		free(o);
 		return NULL;
 	}
-	struct stat st;
 	bool exists = stat(o->target, &st) == 0;
 	const char *refuse = NULL;
 	if (exists && S_ISDIR(st.st_mode))
@@ -352,7 +366,15 @@ kiln_out *kiln_out_open(const char *prog, const char *path, FILE *err)
 			 * or what a plain creat would. */
 			mode_t mask = umask(0);
 			umask(mask);
-			if (fchmod(o->fd, exists ? st.st_mode & 07777 : 0666 & ~mask) != 0) {
+			/* Root replacing someone's file gives it back to them. */
+			if (exists && geteuid() == 0 && fchown(o->fd, st.st_uid, st.st_gid) != 0) {
+				int e = errno;
+				close(o->fd);
+				o->fd = -1;
+				unlink(o->tmp);
+				forget_temp(o);
+				errno = e;
+			} else if (fchmod(o->fd, exists ? st.st_mode & 07777 : 0666 & ~mask) != 0) {
 				int e = errno;
 				close(o->fd);
 				o->fd = -1;
@@ -471,20 +493,25 @@ int kiln_out_commit_all(kiln_out **v, size_t n, FILE *err)
 	return rc;
 }
 
-int kiln_out_write(const char *prog, const char *path, int (*fill)(FILE *f, void *ctx), void *ctx,
-                   FILE *err)
+kiln_out *kiln_out_stage(const char *prog, const char *path, int (*fill)(FILE *f, void *ctx),
+                         void *ctx, FILE *err)
 {
 	kiln_out *o = kiln_out_open(prog, path, err);
-	if (!o)
-		return -1;
-	if (fill(o->f, ctx) != 0) {
+	if (o && fill(o->f, ctx) != 0) {
 		/* fill reported what it could not produce; a failed write is
 		 * reported here, with its reason. */
 		kiln_out_finish(o, err);
 		kiln_out_discard(o);
-		return -1;
+		o = NULL;
 	}
-	return kiln_out_commit(o, err);
+	return o;
+}
+
+int kiln_out_write(const char *prog, const char *path, int (*fill)(FILE *f, void *ctx), void *ctx,
+                   FILE *err)
+{
+	kiln_out *o = kiln_out_stage(prog, path, fill, ctx, err);
+	return o ? kiln_out_commit(o, err) : -1;
 }
 
 /* Standard output through the same checked write as the files. */

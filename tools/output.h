@@ -11,8 +11,12 @@
  *  - A character device or a FIFO is written directly, never replaced.
  *  - Every write is checked; a failure is reported once, with the reason of
  *    the first failed call (strerror), and leaves no temporary file behind.
- *  - SIGINT, SIGTERM and SIGHUP remove the temporary files still open, then
- *    end the process with status 128 + the signal; exit() removes them too.
+ *  - SIGINT, SIGTERM, SIGHUP and SIGQUIT remove the temporary files still
+ *    open, then end the process with status 128 + the signal; exit()
+ *    removes them too. Once an output is open, SIGPIPE and SIGXFSZ are
+ *    ignored, so a reader that leaves or a file-size limit is a failed
+ *    write (EPIPE, EFBIG) reported with its file's name.
+ *  - Root replacing a file keeps its owner and group.
  *
  * Messages go to the err stream given, as "PROG: error: ...", PROG being the
  * program name given to kiln_out_check and kiln_out_open.
@@ -65,6 +69,12 @@ void kiln_out_discard(kiln_out *o);
  * finished, else discards each. Frees every handle. Returns 0 or -1
  * (reported). */
 int kiln_out_commit_all(kiln_out **v, size_t n, FILE *err);
+
+/* Opens path and writes fill's content into it (as kiln_out_write), but
+ * leaves the output to be committed (kiln_out_commit, _commit_all) or
+ * discarded. NULL after reporting. */
+kiln_out *kiln_out_stage(const char *prog, const char *path, int (*fill)(FILE *f, void *ctx),
+                         void *ctx, FILE *err);
 
 /* Writes one file: fill(stream, ctx) returns 0, or -1 when it failed: a
  * failed write is found and reported here (fill need not check its
