@@ -218,10 +218,9 @@ static int simulate_fits(const kiln_sim_config *cfg, int32_t n, const char *mode
 	return KILNC_EXIT_USAGE;
 }
 
-/* The last iteration's schedules as Chrome trace JSON, to a temporary file
- * beside path renamed into place when complete. Returns 0 or -1
- * (reported). */
-static int write_trace(const char *path, const kiln_sim_result *res, int32_t n)
+/* The last iteration's schedules as Chrome trace JSON into an output to be
+ * committed (tools/output.h). NULL after reporting. */
+static kiln_out *stage_trace(const char *path, const kiln_sim_result *res, int32_t n)
 {
 	kiln_json *doc = kiln_json_object();
 	kiln_json_add_string(doc, "displayTimeUnit", "ms");
@@ -258,9 +257,9 @@ static int write_trace(const char *path, const kiln_sim_result *res, int32_t n)
 			kiln_json_add_number(e, "dur", op->end_us - op->start_us);
 		}
 	}
-	int rc = kiln_out_write("kilnc", path, fill_json, doc, stderr);
+	kiln_out *o = kiln_out_stage("kilnc", path, fill_json, doc, stderr);
 	kiln_json_free(doc);
-	return rc;
+	return o;
 }
 
 static void print_bytes(char *buf, size_t n, double v)
@@ -364,6 +363,7 @@ int kilnc_simulate(int argc, char **argv)
 	kiln_rt *rt = NULL, *rt2 = NULL, *file_rt = NULL;
 	kiln_load_profile *prof = NULL;
 	kiln_sim_result *res = NULL;
+	kiln_out *loads_out = NULL, *trace_out = NULL;
 	if (!a || !a2) {
 		fprintf(stderr, "kilnc: error: out of memory\n");
 		goto out;
@@ -389,14 +389,6 @@ int kilnc_simulate(int argc, char **argv)
 	if (policy && (rc = simulate_fits(&est, n, model)) != KILNC_EXIT_OK)
 		goto out;
 	rc = KILNC_EXIT_INPUT;
-	if (emit_loads) {
-		if (kiln_out_write("kilnc", emit_loads, fill_loads, &lc, stderr) != 0)
-			goto out;
-		if (!policy) {
-			rc = 0;
-			goto out;
-		}
-	}
 	if (plan) {
 		size_t file_len;
 		if (kilnc_blob_load(plan, &file_bytes, &file_len, &file_rt) != 0)
@@ -425,6 +417,18 @@ int kilnc_simulate(int argc, char **argv)
 			goto out;
 		}
 	}
+	/* The trace of loads is written now but goes into place with the
+	 * schedule trace, when both are complete: all or none. */
+	if (emit_loads) {
+		if (!(loads_out = kiln_out_stage("kilnc", emit_loads, fill_loads, &lc, stderr)))
+			goto out;
+		if (!policy) {
+			kiln_out *o = loads_out;
+			loads_out = NULL;
+			rc = kiln_out_commit(o, stderr) == 0 ? KILNC_EXIT_OK : KILNC_EXIT_INPUT;
+			goto out;
+		}
+	}
 	if (need_no_offload && (rc = compile_model(m, true, a2, &c2, &blob2, &rt2)) != 0)
 		goto out;
 	rc = KILNC_EXIT_INPUT;
@@ -445,7 +449,16 @@ int kilnc_simulate(int argc, char **argv)
 	                       .progress = isatty(2) ? stderr : NULL};
 	if (kiln_sim_run(&cfg, kinds, n, a, stderr, res) != 0)
 		goto out;
-	if (trace && write_trace(trace, res, n) != 0)
+	if (trace && !(trace_out = stage_trace(trace, res, n)))
+		goto out;
+	kiln_out *staged[2];
+	size_t n_staged = 0;
+	if (loads_out)
+		staged[n_staged++] = loads_out;
+	if (trace_out)
+		staged[n_staged++] = trace_out;
+	loads_out = trace_out = NULL;
+	if (kiln_out_commit_all(staged, n_staged, stderr) != 0)
 		goto out;
 	/* The baseline for relative throughput: full-recompute when run. */
 	double base = 0;
@@ -526,6 +539,8 @@ int kilnc_simulate(int argc, char **argv)
 	}
 	rc = KILNC_EXIT_OK;
 out:
+	kiln_out_discard(loads_out);
+	kiln_out_discard(trace_out);
 	free(res);
 	kiln_rt_close(rt);
 	kiln_rt_close(rt2);

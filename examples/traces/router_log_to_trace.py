@@ -131,6 +131,10 @@ def main(argv):
         i += 1
     if path is None:
         usage("needs a LOG file")
+    # kilnc's output rule: the output may not be the input.
+    if out is not None and path != "-" and os.path.exists(out) and os.path.exists(path) \
+            and os.path.samefile(out, path):
+        usage("-o %s is the LOG %s: writing it would destroy the log" % (out, path))
     try:
         if path == "-":
             lines = sys.stdin.read().splitlines()
