@@ -476,6 +476,14 @@ Test(trainer, logs_follow_the_output_rule, .timeout = 900, .init = kt_slow)
 		if (r != 1)
 			cr_expect_neq(access(p, F_OK), 0, "%s was written", p);
 	}
+	/* Rank 0's log may not be another rank's unit log. */
+	char log1[300];
+	snprintf(log1, sizeof log1, "%s.1", prefix);
+	snprintf(args, sizeof args, "--steps 1 --log %s --unit-log %s", log1, prefix);
+	st = trainer(&out, 4, plan, args);
+	cr_expect_eq(st, 2, "%s", out);
+	cr_expect(strstr(out, "are the same file"), "%s", out);
+	free(out);
 	unlink(text);
 	free(text);
 	unlink(plan);

@@ -1763,21 +1763,34 @@ static void parse_args(options *o, int argc, char **argv, int rank)
 		fail_all(EXIT_USAGE, "--plan PLAN.kiln is required (see --help)");
 }
 
-/* The output rule: no output of this rank (rank 0's --log, every rank's
- * --unit-log PREFIX.RANK) may be one of the files the trainer reads, or
- * the other output. */
+/* The output rule: no output (rank 0's --log, every rank's --unit-log
+ * PREFIX.RANK) may be one of the files the trainer reads, or another
+ * output. Every rank checks them all, so all reach the same answer and
+ * leave together with one status; rank 0 alone prints it. */
 static void check_outputs(trainer *tr)
 {
-	char unit_path[4096] = "", prog[64];
-	if (tr->opt.unit_log)
-		snprintf(unit_path, sizeof unit_path, "%s.%d", tr->opt.unit_log, tr->ci.rank);
-	snprintf(prog, sizeof prog, "kiln-trainer: rank %d", tr->ci.rank);
+	enum { MAX_OUT = 1 + TR_PP * TR_EP };
+	static char unit_path[MAX_OUT][4096];
 	const kiln_out_name in[] = {
 	    {"--plan", tr->opt.plan}, {"--data", tr->opt.data}, {"--loads", tr->opt.loads}};
-	const kiln_out_name out[] = {{"--log", tr->ci.rank == 0 ? tr->opt.log : NULL},
-	                             {"--unit-log", tr->opt.unit_log ? unit_path : NULL}};
-	if (kiln_out_check(prog, in, 3, out, 2, stderr) != 0)
-		fail(EXIT_USAGE, "nothing was written");
+	kiln_out_name out[MAX_OUT] = {{"--log", tr->opt.log}};
+	size_t n = 1;
+	for (int r = 0; tr->opt.unit_log && r < tr->ci.world && n < MAX_OUT; r++) {
+		snprintf(unit_path[n], sizeof unit_path[n], "%s.%d", tr->opt.unit_log, r);
+		out[n] = (kiln_out_name){"--unit-log", unit_path[n]};
+		n++;
+	}
+	FILE *err = stderr, *quiet = NULL;
+	if (tr->ci.rank != 0) {
+		quiet = fopen("/dev/null", "w");
+		if (quiet)
+			err = quiet;
+	}
+	int bad = kiln_out_check("kiln-trainer", in, 3, out, n, err) != 0;
+	if (quiet)
+		fclose(quiet);
+	if (bad)
+		fail_all(EXIT_USAGE, "nothing was written");
 }
 
 /* ---------------------------------------------------------------- main */
