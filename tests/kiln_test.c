@@ -229,15 +229,6 @@ const char *const kt_shipped[KT_N_SHIPPED] = {
 	"examples/models/llama3-8b-dense.yaml",
 };
 
-bool kt_shipped_here(size_t i)
-{
-	cr_assert_lt(i, KT_N_SHIPPED);
-	if (!KT_SANITIZED)
-		return true;
-	return strcmp(kt_shipped[i], "examples/models/kimi-k2-1t.yaml") != 0 &&
-	       strcmp(kt_shipped[i], "examples/models/custom-moe-188b.yaml") != 0;
-}
-
 kiln_compilation kt_compile(const char *rel, int solver, kiln_arena **out_a)
 {
 	kiln_arena *a = kiln_arena_new();

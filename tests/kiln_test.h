@@ -59,24 +59,6 @@ void kt_model_finish(kt_model *t);
 extern const char *const kt_shipped[];
 #define KT_N_SHIPPED 7
 
-/* 1 in the ASan+UBSan build (gcc defines __SANITIZE_ADDRESS__), else 0. */
-#if defined(__SANITIZE_ADDRESS__)
-#define KT_SANITIZED 1
-#else
-#define KT_SANITIZED 0
-#endif
-
-/* Whether a loop over every shipped model checks kt_shipped[i] in this
- * build. The plain build checks every model. Under the sanitizers, where
- * compiling takes about four times the CPU and dominates these loops, they
- * leave out kimi-k2-1t and custom-moe-188b, the two slowest to compile
- * (together about half of the seven's time): deepseek-v3-671b has their
- * shape (dense layers first, shared experts, wide expert parallelism) and
- * qwen3, mixtral and llama3 their tensor and sequence parallelism; and
- * mlir_models/kimi_k2 and mlir_models/custom_moe still compile both under
- * the sanitizers. The same assertions run on all seven in the plain build. */
-bool kt_shipped_here(size_t i);
-
 /* Loads a shipped model (path relative to the source tree) and runs every
  * pass with solver; asserts success. *out_a receives the arena the caller
  * frees. */

@@ -383,8 +383,6 @@ Test(interleave, templates_of_every_shipped_model_verify_and_beat_serial, .timeo
      .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
-		if (!kt_shipped_here(mi))
-			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		const kiln_plan_schedule *s = c.schedule;
@@ -452,8 +450,6 @@ Test(interleave, templates_of_every_shipped_model_verify_and_beat_serial, .timeo
 Test(interleave, feedback_keeps_every_table_monotone, .timeout = 300, .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
-		if (!kt_shipped_here(mi))
-			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		for (int32_t ti = 0; ti < c.n_sets * c.n_buckets; ti++) {
@@ -487,8 +483,6 @@ Test(interleave, dp_equals_brute_force_on_shipped_templates, .timeout = 300, .in
 {
 	int checked = 0;
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
-		if (!kt_shipped_here(mi))
-			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		const kiln_plan_schedule *s = c.schedule;

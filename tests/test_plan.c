@@ -52,8 +52,6 @@ Test(plan, buckets_are_fine_near_one_and_end_at_max_factor)
 Test(plan, frontiers_are_monotone_and_valid, .timeout = 300, .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
-		if (!kt_shipped_here(mi))
-			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		for (int32_t s = 0; s < c.n_sets; s++)
@@ -101,8 +99,6 @@ Test(plan, a_bucket_plan_fits_every_load_inside_its_bucket, .timeout = 300, .ini
 {
 	unsigned seed = 7;
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
-		if (!kt_shipped_here(mi))
-			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		for (int32_t s = 0; s < c.n_sets; s++) {
@@ -183,8 +179,6 @@ static void check_safety_exact(const kiln_compilation *c, const char *name)
 Test(plan, safety_bound_is_exact, .timeout = 300, .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
-		if (!kt_shipped_here(mi))
-			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		check_safety_exact(&c, kt_shipped[mi]);
@@ -246,8 +240,6 @@ Test(plan, partial_safety_bound_is_exact_and_reported)
 Test(plan, dp_matches_milp_on_shipped_models, .timeout = 300, .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
-		if (!kt_shipped_here(mi))
-			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		/* A dense model plans up to load 1 only: clamp to the last bucket. */
@@ -454,8 +446,6 @@ Test(plan, measured_copy_window_is_what_the_templates_hide, .timeout = 300, .ini
 Test(plan, baselines_follow_their_rules, .init = kt_slow)
 {
 	for (size_t mi = 0; mi < KT_N_SHIPPED; mi++) {
-		if (!kt_shipped_here(mi))
-			continue; /* sanitizer build only; plain checks all seven (kiln_test.h) */
 		kiln_arena *a;
 		kiln_compilation c = kt_compile(kt_shipped[mi], KILN_SOLVER_DP, &a);
 		for (int32_t i = 0; i < c.n_sets; i++) {
