@@ -10,13 +10,16 @@ BUILD      ?= build
 BUILD_SAN  ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL      ?= examples/models/deepseek-v3-671b.yaml
+# Debian's interpreter, the one python3-torch is installed for (a python3
+# earlier on PATH, pyenv's say, would not see it).
+PYTHON     ?= /usr/bin/python3
 CMAKE_ARGS ?=
 BUILD_FUZZ   ?= build-fuzz
 FUZZ_CC      ?= clang-14
 FUZZ_SECONDS ?= 30
 
 .PHONY: all deps build build-asan build-fuzz run check test test-plain test-asan fuzz \
-	fuzz-seeds fuzz-blob fuzz-yaml bench paper clean
+	fuzz-seeds fuzz-blob fuzz-yaml test-python bench paper clean
 
 all: build
 
@@ -55,7 +58,14 @@ check: build
 		echo "$$skipped slow tests skipped (make test runs them)"; \
 		exit $$status
 
-test: test-plain test-asan fuzz
+test: test-plain test-python test-asan fuzz
+
+# The Python package's tests (python/tests, docs/testing.md) against the plain
+# build: pytest's summary line closes the output.
+test-python: build
+	@echo "== tests (Python, $(PYTHON))"
+	KILN_BUILD=$(CURDIR)/$(BUILD) KILN_RT_LIBRARY=$(CURDIR)/$(BUILD)/libkiln_rt.so \
+		PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 # Both tiers name the full one, whatever KILN_TEST_TIER the shell exports.
 test-plain: build

@@ -10,9 +10,11 @@ set -eu
 # checks that every symbol the backend needs resolves in it.
 # libopenmpi-dev and openmpi-bin (mpicc's headers and libraries, mpirun)
 # build and run the CPU trainer in examples/trainer.
+# python3-torch (Debian's PyTorch 1.13, CPU) and python3-pytest run the Python
+# package's tests (python/tests, make test-python); no other index is needed.
 PACKAGES="build-essential cmake pkg-config libyaml-dev libcjson-dev libglpk-dev \
 libcriterion-dev libmlir-16-dev mlir-16-tools libxml2-utils libopenmpi-dev openmpi-bin \
-clang-14 libclang-rt-14-dev libamdhip64-5"
+clang-14 libclang-rt-14-dev libamdhip64-5 python3-torch python3-pytest"
 
 missing=""
 for p in $PACKAGES; do
