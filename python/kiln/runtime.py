@@ -757,8 +757,9 @@ def probe(backend, library=None):
     n_required, n_optional, n_resolved, missing, devices, status (0 or the
     code kiln_copy_open would fail with) and status_text."""
     r = _ProbeReport()
-    _load().kiln_copy_probe(_backend(backend), None if library is None else os.fsencode(library),
-                            _c.byref(r))
+    name = None if library is None else os.fsencode(library)
+    # r.library may point into name: read the report while name is alive.
+    _load().kiln_copy_probe(_backend(backend), name, _c.byref(r))
     return _record(r, status_text=strerror(r.status))
 
 
