@@ -8,6 +8,11 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# kiln.config runs the build's kilnc unless told otherwise (`make
+# test-python` sets KILN_KILNC too; a bare pytest run needs only KILN_BUILD).
+if os.environ.get("KILN_BUILD"):
+    os.environ.setdefault("KILN_KILNC", os.path.join(os.environ["KILN_BUILD"], "kilnc"))
+
 
 def build_dir():
     return os.environ["KILN_BUILD"]
