@@ -6,9 +6,10 @@ failing C call raises KilnError with the runtime's kiln_rt_strerror text and
 its code. docs/python.md is the reference; include/kiln/runtime.h and
 docs/runtime.md the C contract this mirrors.
 
-The library is found, in order: the path in KILN_RT_LIBRARY; the copy
-installed beside this package (kiln/_native/libkiln_rt.so.0, put there by
-`cmake --install` and by `pip install ./python`); the loader's search path
+The library is found, in order: the path in KILN_RT_LIBRARY; the one
+installed with this package (kiln/_native/libkiln_rt.so.0, copied there by
+`pip install ./python`; or the install prefix's, which `cmake --install`
+records in kiln/_install.py); the loader's search path
 (ctypes.util.find_library("kiln_rt"), then "libkiln_rt.so.0").
 """
 
@@ -193,10 +194,18 @@ def _candidates():
     env = os.environ.get("KILN_RT_LIBRARY")
     if env:
         return [env], True
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native", "libkiln_rt.so.0")
+    pkg = os.path.dirname(os.path.abspath(__file__))
     out = []
+    here = os.path.join(pkg, "_native", "libkiln_rt.so.0")  # pip install ./python
     if os.path.exists(here):
         out.append(here)
+    try:
+        from . import _install  # cmake --install: the prefix's library directory
+        installed = os.path.normpath(os.path.join(pkg, _install.LIBRARY))
+        if os.path.exists(installed):
+            out.append(installed)
+    except ImportError:
+        pass
     found = ctypes.util.find_library("kiln_rt")
     if found:
         out.append(found)
@@ -224,7 +233,7 @@ def _load():
         _lib, _lib_path = lib, name
         return lib
     where = ("KILN_RT_LIBRARY=%s" % names[0]) if from_env else \
-        "beside the package (kiln/_native) or on the loader's search path"
+        "beside the package (kiln/_native, kiln/_install.py) or on the loader's search path"
     raise OSError("kiln: cannot load libkiln_rt from %s: %s (set KILN_RT_LIBRARY to the "
                   "path of libkiln_rt.so, e.g. build/libkiln_rt.so)" % (where, "; ".join(errors)))
 
