@@ -44,6 +44,15 @@ double kiln_cost_stage_activation_bytes(const kiln_ir_graph *g, int32_t stage, d
  * in units of whole-stage micro-batches (fractional under interleaving). */
 double kiln_cost_stage_inflight(const kiln_ir_graph *g, int32_t stage);
 
+/* flops.c */
+
+/* Model FLOPs per token (forward and backward, at model.seq_len) as
+ * Megatron-LM's num_floating_point_operations counts them; a training step
+ * does global_batch * seq_len times this. docs/cost-model.md, "Model FLOPs". */
+double kiln_cost_model_flops_per_token(const kiln_model *m);
+/* The vocabulary padded as Megatron pads it: up to a multiple of 128 * tp. */
+double kiln_cost_padded_vocab(const kiln_model *m);
+
 /* time.c */
 
 /* Time of one op for one micro-batch at local expert load n. */
@@ -56,7 +65,7 @@ void kiln_cost_stage_time(const kiln_ir_graph *g, int32_t stage, double r, doubl
 typedef struct kiln_cost_iteration {
 	double iteration_s;     /* one optimizer step */
 	double tokens_per_s;    /* whole job */
-	double model_flops;     /* per iteration, whole job, recompute excluded */
+	double model_flops;     /* per iteration, whole job, as Megatron counts them (flops.c) */
 	double mfu;             /* model_flops / (iteration_s * devices * peak) */
 	double bubble_fraction; /* pipeline idle share of the iteration */
 	int32_t slowest_stage;
