@@ -172,13 +172,22 @@ void kiln_report_text(const kiln_ir_graph *g, FILE *out)
 	else
 		fprintf(out, "every stage keeps every activation through a %.3gx spike.\n", rmax);
 
-	kiln_cost_iteration it;
-	kiln_cost_iteration_estimate(g, 1.0, &it);
+	/* The step-time model calibrated against measured runs (costmodel/step.c);
+	 * the per-stage columns above are the planner's per-op costs. */
+	kiln_cost_step it;
+	kiln_cost_step_estimate(g, 1.0, NULL, &it);
 	fprintf(out,
 	        "\niteration (everything kept, balanced load): %.3f s, %.4g tokens/s, MFU %.1f%%, "
 	        "bubble %.1f%%, slowest stage %d\n",
 	        it.iteration_s, it.tokens_per_s, 100.0 * it.mfu, 100.0 * it.bubble_fraction,
 	        it.slowest_stage);
+	fprintf(out,
+	        "  step model: slowest stage %.2f + %.2f ms per micro-batch (fwd + bwd%s), EP "
+	        "all-to-all %.2f ms%s, %.4g GFLOP/token (Megatron's count)\n",
+	        it.stage_fwd_us / 1e3, it.stage_bwd_us / 1e3,
+	        m->megatron.recompute != KILN_RECOMPUTE_NONE ? " with the recipe's recompute" : "",
+	        it.a2a_us / 1e3, m->overlap_ep_comm && m->ep > 1 ? " (overlapped)" : "",
+	        kiln_cost_model_flops_per_token(m) / 1e9);
 }
 
 kiln_json *kiln_report_json(const kiln_ir_graph *g)
@@ -244,14 +253,28 @@ kiln_json *kiln_report_json(const kiln_ir_graph *g)
 		kiln_json_add_number(tu, "backward", r.bwd_us);
 	}
 
-	kiln_cost_iteration it;
-	kiln_cost_iteration_estimate(g, 1.0, &it);
+	kiln_cost_step it;
+	kiln_cost_step_estimate(g, 1.0, NULL, &it);
 	kiln_json *itj = kiln_json_add_object(root, "iteration");
 	kiln_json_add_number(itj, "seconds", it.iteration_s);
 	kiln_json_add_number(itj, "tokens_per_second", it.tokens_per_s);
 	kiln_json_add_number(itj, "model_flops", it.model_flops);
+	kiln_json_add_number(itj, "model_flops_per_token", kiln_cost_model_flops_per_token(m));
 	kiln_json_add_number(itj, "mfu", it.mfu);
 	kiln_json_add_number(itj, "bubble_fraction", it.bubble_fraction);
 	kiln_json_add_i64(itj, "slowest_stage", it.slowest_stage);
+	kiln_json *sm = kiln_json_add_object(itj, "step_model_us");
+	kiln_json_add_number(sm, "stage_forward", it.stage_fwd_us);
+	kiln_json_add_number(sm, "stage_backward", it.stage_bwd_us);
+	kiln_json_add_number(sm, "ep_all_to_all", it.a2a_us);
+	kiln_json_add_number(sm, "pp_send", it.p2p_us);
+	kiln_json_add_number(sm, "dp_exposed", it.dp_exposed_us);
+	kiln_json_add_number(sm, "optimizer", it.optimizer_us);
+	kiln_json *lay = kiln_json_add_object(par, "megatron_layout");
+	static const char *const dispatchers[] = {"alltoall", "deepep", "hybridep"};
+	kiln_json_add_string(lay, "dispatcher", dispatchers[m->dispatcher]);
+	kiln_json_add_bool(lay, "overlap_ep_comm", m->overlap_ep_comm);
+	kiln_json_add_bool(lay, "account_for_embedding", m->account_for_embedding);
+	kiln_json_add_bool(lay, "account_for_loss", m->account_for_loss);
 	return root;
 }

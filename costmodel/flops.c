@@ -26,6 +26,11 @@ double kiln_cost_padded_vocab(const kiln_model *m)
 
 double kiln_cost_model_flops_per_token(const kiln_model *m)
 {
+	return kiln_cost_model_flops_per_token_ex(m, true);
+}
+
+double kiln_cost_model_flops_per_token_ex(const kiln_model *m, bool causal_halved)
+{
 	const double fb = 3, fma = 2; /* forward + wgrad + dgrad; FLOPs per multiply-add */
 	double h = (double)m->hidden, s = (double)m->seq_len, a = (double)m->heads;
 	/* Megatron's args.swiglu: the gated GEMM is 1.5x an ungated one. */
@@ -64,5 +69,7 @@ double kiln_cost_model_flops_per_token(const kiln_model *m)
 		mlp = h * (double)m->ffn_hidden * ffn_dense * (double)dense_layers;
 	double mtp_proj = (double)mtp * (3 * h + 2 * h * h);
 	double logit = h * kiln_cost_padded_vocab(m) * (double)(mtp + 1);
+	if (!causal_halved)
+		attn_core *= 2;
 	return fb * fma * (mlp + layers * (attn_linear + attn_core) + mtp_proj + logit);
 }

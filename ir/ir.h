@@ -185,6 +185,15 @@ typedef struct kiln_hardware {
 	int64_t devices_per_node;
 	double intra_node_gbps;
 	double inter_node_gbps;
+	/* issue 15, item 2: the step-time model's fitted efficiencies
+	 * (docs/calibration.md); 0 means the default named. */
+	double time_gemm_efficiency;       /* a large GEMM's share of peak; 0: gemm_efficiency */
+	double time_gemm_half_rows;        /* rows at which a GEMM reaches half of that; 0: none */
+	double time_attention_efficiency;  /* flash attention's share of peak; 0: gemm_efficiency */
+	double time_comm_efficiency;       /* collectives' share of NVLink bandwidth; 0: 1 */
+	double time_inter_node_efficiency; /* of the inter-node links'; 0: time_comm_efficiency */
+	double time_kernel_floor_us;       /* least time of a memory-bound kernel */
+	double time_host_layer_us;         /* host time to issue one layer's forward and backward */
 } kiln_hardware;
 
 /* A validated model description (DESIGN.md 5.1). Every field is set: the
