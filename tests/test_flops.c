@@ -25,6 +25,10 @@ Test(costmodel_flops, dense_by_hand)
 	tm.m.activation = KILN_FN_GELU;
 	kt_model_finish(&tm);
 	cr_expect_float_eq(kiln_cost_model_flops_per_token(&tm.m), 737280.0, 1e-6);
+	/* Megatron before core 0.12 counted the whole score matrix: the core
+	 * term doubles, 6 * 8,192 more. */
+	cr_expect_float_eq(kiln_cost_model_flops_per_token_ex(&tm.m, false), 737280.0 + 49152.0,
+	                   1e-6);
 	/* SwiGLU: the MLP term is 64*256*3 = 49,152 instead: 6 * 139,264. */
 	tm.m.activation = KILN_FN_SWIGLU;
 	cr_expect_float_eq(kiln_cost_model_flops_per_token(&tm.m), 835584.0, 1e-6);
