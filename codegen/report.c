@@ -101,6 +101,50 @@ void kiln_report_check(const kiln_ir_graph *g, FILE *out)
 	if (m->schedule == KILN_SCHED_INTERLEAVED)
 		fprintf(out, " (vpp %lld)", (long long)m->vpp);
 	fputc('\n', out);
+	/* The measured-run keys (issue 15), when the description states any. */
+	const kiln_megatron *mg = &m->megatron;
+	if (m->dispatcher != KILN_DISPATCH_ALLTOALL || m->overlap_ep_comm ||
+	    m->account_for_embedding || m->account_for_loss ||
+	    mg->recompute != KILN_RECOMPUTE_NONE || mg->offload_modules ||
+	    mg->capacity_factor > 0 || mg->force_load_balancing || mg->mtp_num_layers) {
+		static const char *const dispatchers[] = {"alltoall", "deepep", "hybridep"};
+		fprintf(out, "  megatron  dispatcher %s%s%s%s", dispatchers[m->dispatcher],
+		        m->overlap_ep_comm ? ", EP overlap" : "",
+		        m->account_for_embedding ? ", embedding counted in the split" : "",
+		        m->account_for_loss ? ", loss counted in the split" : "");
+		if (mg->recompute == KILN_RECOMPUTE_FULL)
+			fprintf(out, ", full recompute");
+		if (mg->recompute == KILN_RECOMPUTE_SELECTIVE) {
+			static const char *const mods[] = {
+#define X(id, name) name,
+			    KILN_MEGATRON_RECOMPUTE_MODULES(X)
+#undef X
+			};
+			fprintf(out, ", recompute");
+			for (int i = 0; i < KILN_MRC_COUNT; i++)
+				if (mg->recompute_modules & (1u << i))
+					fprintf(out, " %s", mods[i]);
+		}
+		if (mg->offload_modules) {
+			static const char *const offs[] = {
+#define X(id, name) name,
+			    KILN_MEGATRON_OFFLOAD_MODULES(X)
+#undef X
+			};
+			fprintf(out, ", offload");
+			for (int i = 0; i < KILN_MOF_COUNT; i++)
+				if (mg->offload_modules & (1u << i))
+					fprintf(out, " %s", offs[i]);
+		}
+		if (mg->capacity_factor > 0)
+			fprintf(out, ", capacity factor %g%s", mg->capacity_factor,
+			        mg->pad_to_capacity ? " (padded)" : "");
+		if (mg->force_load_balancing)
+			fprintf(out, ", forced balance");
+		if (mg->mtp_num_layers)
+			fprintf(out, ", %lld MTP layers", (long long)mg->mtp_num_layers);
+		fputc('\n', out);
+	}
 	fprintf(out, "  stages    layers per stage:");
 	for (int32_t s = 0; s < g->n_stages; s++) {
 		int n = 0;
