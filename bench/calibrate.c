@@ -5,7 +5,7 @@
  * ratio, and kiln's model FLOPs per token against the published figure.
  * docs/calibration.md records the table and the fit.
  *
- * usage: calibrate [--fit] [--strict] [--explain ID]
+ * usage: calibrate [--fit] [--strict] [--explain ID] [--dropless R]
  *                  [--params GEMM,HALF_ROWS,ATTN,NVLINK,INTER,FLOOR_US,HOST_US] [ANCHOR_DIR]
  *   --fit  search six time_* figures of the runs' hardware profile for
  *          the least sum of squared log(predicted / measured) over the
@@ -13,6 +13,10 @@
  *          figures or --params), and print them with the table they give.
  *          The table otherwise uses the profile's own figures.
  *
+ *   --dropless R  price the runs with natural routing (no forced balance, no
+ *          capacity factor) with the busiest EP rank at load factor R (the
+ *          expert phase waits for it); default: as `kilnc report` prices
+ *          them, KILN_COST_NATURAL_PEAK
  *   --strict  exit 1 unless every timed row is within +-15% and every FLOPs
  *          row within 2% (the table marks the misses either way)
  *
@@ -44,6 +48,19 @@ typedef struct row {
 
 static row rows[MAX_ROWS];
 static int n_rows;
+/* --dropless R: the load factor of the busiest EP rank in runs with natural
+ * routing (neither forced balance nor a capacity factor); 0: as `kilnc
+ * report` prices them (kiln_cost_step_run_load). */
+static double dropless_r = 0;
+
+static double row_load(const row *r)
+{
+	const kiln_megatron *mg = &r->m->megatron;
+	if (dropless_r > 0 && r->m->moe && r->m->ep > 1 && !mg->force_load_balancing &&
+	    !(mg->capacity_factor > 0))
+		return dropless_r;
+	return kiln_cost_step_run_load(r->m);
+}
 
 static int load_table(const char *dir)
 {
@@ -112,7 +129,7 @@ static void layer_ms(const row *r, const kiln_cost_step_params *p, double out[2]
 		if (r->g->layers[l].kind != KILN_LAYER_MOE)
 			continue;
 		kiln_cost_step_layer_time t;
-		kiln_cost_step_layer(r->g, l, 1.0, p, false, &t);
+		kiln_cost_step_layer(r->g, l, row_load(r), p, false, &t);
 		out[0] += t.moe_fwd_us / 1e3;
 		out[1] += t.moe_bwd_us / 1e3;
 	}
@@ -131,7 +148,7 @@ static int values(const row *r, const kiln_cost_step_params *p, double meas[2], 
 		return 2;
 	}
 	kiln_cost_step st;
-	kiln_cost_step_estimate(r->g, 1.0, p, &st);
+	kiln_cost_step_estimate(r->g, row_load(r), p, &st);
 	pred[0] = st.iteration_s;
 	switch (r->metric) {
 	case M_TFLOPS:
@@ -250,7 +267,13 @@ int main(int argc, char **argv)
 			fit = true;
 		else if (strcmp(argv[i], "--strict") == 0)
 			strict = true;
-		else if (strcmp(argv[i], "--explain") == 0 && i + 1 < argc)
+		else if (strcmp(argv[i], "--dropless") == 0 && i + 1 < argc) {
+			dropless_r = atof(argv[++i]);
+			if (!(dropless_r >= 1 && dropless_r <= 16)) {
+				fprintf(stderr, "calibrate: --dropless R needs 1 <= R <= 16\n");
+				return 2;
+			}
+		} else if (strcmp(argv[i], "--explain") == 0 && i + 1 < argc)
 			why = argv[++i];
 		else if (strcmp(argv[i], "--params") == 0 && i + 1 < argc)
 			given = argv[++i];

@@ -219,12 +219,18 @@ void kiln_report_text(const kiln_ir_graph *g, FILE *out)
 	/* The step-time model calibrated against measured runs (costmodel/step.c);
 	 * the per-stage columns above are the planner's per-op costs. */
 	kiln_cost_step it;
-	kiln_cost_step_estimate(g, 1.0, NULL, &it);
+	double run_r = kiln_cost_step_run_load(m);
+	kiln_cost_step_estimate(g, run_r, NULL, &it);
+	char load_note[64];
+	if (run_r == 1.0)
+		snprintf(load_note, sizeof load_note, "balanced load");
+	else
+		snprintf(load_note, sizeof load_note, "busiest EP rank at %.3gx", run_r);
 	fprintf(out,
-	        "\niteration (everything kept, balanced load): %.3f s, %.4g tokens/s, MFU %.1f%%, "
+	        "\niteration (everything kept, %s): %.3f s, %.4g tokens/s, MFU %.1f%%, "
 	        "bubble %.1f%%, slowest stage %d\n",
-	        it.iteration_s, it.tokens_per_s, 100.0 * it.mfu, 100.0 * it.bubble_fraction,
-	        it.slowest_stage);
+	        load_note, it.iteration_s, it.tokens_per_s, 100.0 * it.mfu,
+	        100.0 * it.bubble_fraction, it.slowest_stage);
 	fprintf(out,
 	        "  step model: slowest stage %.2f + %.2f ms per micro-batch (fwd + bwd%s), EP "
 	        "all-to-all %.2f ms%s, %.4g GFLOP/token (Megatron's count)\n",
@@ -298,12 +304,14 @@ kiln_json *kiln_report_json(const kiln_ir_graph *g)
 	}
 
 	kiln_cost_step it;
-	kiln_cost_step_estimate(g, 1.0, NULL, &it);
+	double run_r = kiln_cost_step_run_load(m);
+	kiln_cost_step_estimate(g, run_r, NULL, &it);
 	kiln_json *itj = kiln_json_add_object(root, "iteration");
 	kiln_json_add_number(itj, "seconds", it.iteration_s);
 	kiln_json_add_number(itj, "tokens_per_second", it.tokens_per_s);
 	kiln_json_add_number(itj, "model_flops", it.model_flops);
 	kiln_json_add_number(itj, "model_flops_per_token", kiln_cost_model_flops_per_token(m));
+	kiln_json_add_number(itj, "load_factor", run_r);
 	kiln_json_add_number(itj, "mfu", it.mfu);
 	kiln_json_add_number(itj, "bubble_fraction", it.bubble_fraction);
 	kiln_json_add_i64(itj, "slowest_stage", it.slowest_stage);

@@ -128,6 +128,18 @@ typedef struct kiln_cost_step {
 	double optimizer_us;  /* the optimizer step */
 } kiln_cost_step;
 
+/* The busiest EP rank's load factor in a run as its description states
+ * it: 1 for forced balance (or no EP), the capacity factor when experts are
+ * padded to it (at most it when not), and KILN_COST_NATURAL_PEAK for
+ * dropless natural routing. */
+double kiln_cost_step_run_load(const kiln_model *m);
+/* Dropless natural routing: the busiest EP rank's load factor in a calm
+ * iteration, the mean of the reference report's measured distribution as
+ * kiln's paper load profile reproduces it (DESIGN.md section 1: 97.1% of
+ * iterations below 1.2x; sim/loads.c, tests/test_loads.c paper_statistics:
+ * mean calm maximum 1.100). */
+#define KILN_COST_NATURAL_PEAK 1.10
+
 /* A step with everything kept at load factor r, the recipe's recompute
  * priced; p borrowed, NULL for the profile's own figures. */
 void kiln_cost_step_estimate(const kiln_ir_graph *g, double r, const kiln_cost_step_params *p,

@@ -58,6 +58,24 @@ void kiln_cost_step_params_of(const kiln_hardware *hw, kiln_cost_step_params *ou
 	out->host_layer_us = hw->time_host_layer_us;
 }
 
+double kiln_cost_step_run_load(const kiln_model *m)
+{
+	if (!m->moe || m->ep <= 1)
+		return 1.0;
+	const kiln_megatron *mg = &m->megatron;
+	if (mg->force_load_balancing)
+		return 1.0;
+	if (mg->capacity_factor > 0) {
+		/* Padded: every expert computes exactly its capacity; unpadded:
+		 * at most that. */
+		if (mg->pad_to_capacity)
+			return mg->capacity_factor;
+		return mg->capacity_factor < KILN_COST_NATURAL_PEAK ? mg->capacity_factor
+		                                                    : KILN_COST_NATURAL_PEAK;
+	}
+	return KILN_COST_NATURAL_PEAK;
+}
+
 /* log C(n, k) for the hypergeometric probabilities below. */
 static double log_choose(double n, double k)
 {
