@@ -19,7 +19,7 @@ FUZZ_CC      ?= clang-14
 FUZZ_SECONDS ?= 30
 
 .PHONY: all deps build build-asan build-fuzz run check test test-plain test-asan fuzz \
-	fuzz-seeds fuzz-blob fuzz-yaml test-python bench paper clean
+	fuzz-seeds fuzz-blob fuzz-yaml test-python bench paper calibrate clean
 
 all: build
 
@@ -118,6 +118,13 @@ bench: build
 PAPER_ITERS ?= 200
 paper: build
 	./$(BUILD)/bench_paper $(PAPER_ITERS)
+
+# The step-time model against measured Megatron-Core runs (docs/calibration.md):
+# predicted against measured step or layer time, their ratio, and FLOPs per
+# token against the published figure. `./build/calibrate --fit` refits the
+# profile's time_* figures.
+calibrate: build
+	./$(BUILD)/calibrate
 
 clean:
 	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ)
