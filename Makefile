@@ -65,7 +65,7 @@ test: test-plain test-python test-asan fuzz
 test-python: build
 	@echo "== tests (Python, $(PYTHON))"
 	KILN_BUILD=$(CURDIR)/$(BUILD) KILN_RT_LIBRARY=$(CURDIR)/$(BUILD)/libkiln_rt.so \
-		PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
+		KILN_KILNC=$(CURDIR)/$(BUILD)/kilnc PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 # Both tiers name the full one, whatever KILN_TEST_TIER the shell exports.
 test-plain: build
