@@ -62,11 +62,11 @@ class FlashAttnFn(torch.autograd.Function):
         kt = k.permute(0, 2, 1, 3).repeat_interleave(g, dim=1)
         vt = v.permute(0, 2, 1, 3).repeat_interleave(g, dim=1)
         scale = 1.0 / math.sqrt(d)
-        sc = torch.matmul(qt, kt.transpose(-1, -2)) * scale
-        mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+        sc = torch.matmul(qt, kt.transpose(-1, -2)).float() * scale
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
         sc = sc.masked_fill(mask, float("-inf"))
         lse = torch.logsumexp(sc, dim=-1)
-        p = torch.exp(sc - lse.unsqueeze(-1))
+        p = torch.exp(sc - lse.unsqueeze(-1)).to(v.dtype)
         o = torch.matmul(p, vt)  # [b, nh, s, d]
         out = o.permute(0, 2, 1, 3).reshape(b * s, nh * d).contiguous()
         ctx.save_for_backward(q, k, v, out, lse)
@@ -83,16 +83,16 @@ class FlashAttnFn(torch.autograd.Function):
         kt = k.permute(0, 2, 1, 3).repeat_interleave(g, dim=1)
         vt = v.permute(0, 2, 1, 3).repeat_interleave(g, dim=1)
         scale = 1.0 / math.sqrt(d)
-        sc = torch.matmul(qt, kt.transpose(-1, -2)) * scale
-        mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+        sc = torch.matmul(qt, kt.transpose(-1, -2)).float() * scale
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
         sc = sc.masked_fill(mask, float("-inf"))
-        p = torch.exp(sc - lse.unsqueeze(-1))
+        p = torch.exp(sc - lse.unsqueeze(-1)).to(v.dtype)
         do = dout.reshape(b, s, nh, d).permute(0, 2, 1, 3)
         o = out.reshape(b, s, nh, d).permute(0, 2, 1, 3)
         dv = torch.matmul(p.transpose(-1, -2), do)
         dp = torch.matmul(do, vt.transpose(-1, -2))
         dsum = (do * o).sum(-1, keepdim=True)
-        ds = p * (dp - dsum) * scale
+        ds = (p * (dp - dsum) * scale).to(q.dtype)
         dq = torch.matmul(ds, kt)
         dk = torch.matmul(ds.transpose(-1, -2), qt)
         dk = dk.reshape(b, nkv, g, s, d).sum(2).permute(0, 2, 1, 3)
@@ -129,12 +129,16 @@ class AllToAllFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, send, recv, group):
         ctx.send, ctx.recv, ctx.group = send, recv, group
+        if group is None:  # one EP rank: the rows stay
+            return x.clone()
         out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
         return out
 
     @staticmethod
     def backward(ctx, dy):
+        if ctx.group is None:
+            return dy, None, None, None
         dx = dy.new_empty((sum(ctx.send),) + tuple(dy.shape[1:]))
         dist.all_to_all_single(dx, dy.contiguous(), ctx.send, ctx.recv, group=ctx.group)
         return dx, None, None, None
@@ -219,7 +223,7 @@ class CrossEntropyFn(torch.autograd.Function):
     def backward(ctx, dl):
         logits, targets = ctx.saved_tensors
         p = torch.softmax(logits, dim=1)
-        p[torch.arange(p.shape[0]), targets] -= 1.0
+        p[torch.arange(p.shape[0], device=p.device), targets] -= 1.0
         return p * (dl * ctx.scale / logits.shape[0]), None, None
 
 
@@ -254,8 +258,11 @@ class Config:
         self.pp = p["pp"]
         self.ep = p["ep"]
         self.devices = p["devices"]
-        if t.get("dtype") != "fp32":
-            raise ValueError("examples/torch trains in fp32: training.dtype must be fp32")
+        dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+        if t.get("dtype") not in dtypes:
+            raise ValueError("training.dtype %r: examples/torch runs fp32 or bf16" %
+                             (t.get("dtype"),))
+        self.dtype = dtypes[t["dtype"]]
         if m.get("activation", "swiglu") != "swiglu" or moe.get("activation",
                                                                 "swiglu") != "swiglu":
             raise ValueError("examples/torch has SwiGLU experts only")
@@ -330,12 +337,12 @@ class WeightFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, w):
         ctx.save_for_backward(y, w)
-        return y * w.unsqueeze(1)
+        return y * w.to(y.dtype).unsqueeze(1)
 
     @staticmethod
     def backward(ctx, dz):
         y, w = ctx.saved_tensors
-        return dz * w.unsqueeze(1), (dz * y).sum(1)
+        return dz * w.to(dz.dtype).unsqueeze(1), (dz * y).float().sum(1)
 
 
 def route(cfg, probs, spikes, key):
@@ -347,7 +354,7 @@ def route(cfg, probs, spikes, key):
         top = probs.topk(cfg.top_k, dim=1).indices
         for frac, experts in spikes:
             gen = torch.Generator().manual_seed(key)
-            hit = torch.rand(probs.shape[0], generator=gen) < frac
+            hit = (torch.rand(probs.shape[0], generator=gen) < frac).to(probs.device)
             p2 = probs.clone()
             pick = torch.empty_like(top)
             for j, e in enumerate(experts[:cfg.top_k]):
@@ -384,7 +391,7 @@ def layer_forward(cfg, L, mod, x, group, spikes, key, pending, fixed_after):
     moe_in = L.produce("moe.in", rmsnorm, h1, mod.ln2)
 
     def gate(m, w):
-        return torch.softmax(torch.matmul(m, w), dim=1)
+        return torch.softmax(torch.matmul(m, w).float(), dim=1)
 
     probs = L.produce("moe.probs", gate, moe_in, mod.router)
 
@@ -392,12 +399,15 @@ def layer_forward(cfg, L, mod, x, group, spikes, key, pending, fixed_after):
     E, LE, ep = cfg.experts, cfg.local_experts, cfg.ep
     top = route(cfg, probs.detach(), spikes, key)
     flat = top.reshape(-1)
-    order = torch.argsort(flat * flat.numel() + torch.arange(flat.numel()))
+    order = torch.argsort(flat * flat.numel() + torch.arange(flat.numel(), device=flat.device))
     tok = order // cfg.top_k
     routed = torch.stack([tok, tok * E + flat[order]])
     send_cnt = torch.bincount(flat, minlength=E)  # per global expert = (rank, local)
-    recv_cnt = torch.empty_like(send_cnt)
-    dist.all_to_all_single(recv_cnt, send_cnt, group=group)
+    if group is None:
+        recv_cnt = send_cnt.clone()
+    else:
+        recv_cnt = torch.empty_like(send_cnt)
+        dist.all_to_all_single(recv_cnt, send_cnt, group=group)
     recv_cnt = recv_cnt.view(ep, LE)  # [source rank, local expert]
     per_expert = recv_cnt.sum(0).tolist()
     L.decide(per_expert, pending=pending, fixed_after_bytes=fixed_after)
@@ -420,7 +430,7 @@ def layer_forward(cfg, L, mod, x, group, spikes, key, pending, fixed_after):
         for e in range(LE):
             for r in range(ep):
                 idx.extend(range(start[r][e], start[r][e] + rc[r][e]))
-        return torch.tensor(idx, dtype=torch.int32)
+        return torch.tensor(idx, dtype=torch.int32, device=x.device)
 
     perm = L.produce("moe.perm_idx", perm_map)
     ein = L.register("moe.expert_in", PermuteFn.apply(rrows, perm))

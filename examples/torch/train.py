@@ -103,12 +103,6 @@ def worker(rank, o, port, world):
 
     rt = kiln.runtime.Runtime(o.plan)
     layers = list(range(stage * cfg.stage_layers, (stage + 1) * cfg.stage_layers))
-    for l in layers:
-        li = rt.layer(l)
-        if li.stage != stage or tuple(rt.unit_names(l)) != moe.UNITS:
-            raise SystemExit("examples/torch: %s was not compiled from this model: layer %d "
-                             "has stage %d and units %s" % (o.plan, l, li.stage,
-                                                            ", ".join(rt.unit_names(l))))
     mgr = kiln.torch.Manager(rt, stage=stage, budget_bytes=o.budget, policy=o.policy,
                              record=bool(o.unit_log))
 
@@ -266,7 +260,8 @@ def worker(rank, o, port, world):
                                        "name": e[4], "rows": e[5], "bytes": e[6],
                                        "saved": e[7], "action": e[8]}) + "\n")
         unit_log.write(json.dumps({"extras": sorted(set(x[2:] + (x[1],)
-                                                        for x in mgr.extras))}) + "\n")
+                                                        for x in mgr.extras),
+                                                    key=repr)}) + "\n")
         unit_log.close()
     if o.dump:
         os.makedirs(o.dump, exist_ok=True)
@@ -296,6 +291,49 @@ def entry(rank, o, port, world):
         os._exit(EXIT_INPUT)
 
 
+def check_plan(path, cfg):
+    """None when the blob at path plans this model (its layers on our
+    stages, with our units in our order and their bytes as this model
+    makes them), else what is wrong. The bytes: fp32, T tokens, N rows."""
+    import torch
+    import kiln.runtime
+    import moe
+    try:
+        rt = kiln.runtime.Runtime(path)
+    except kiln.runtime.KilnError as e:
+        return "%s: %s" % (path, e)
+    with rt:
+        T, h = cfg.tokens, cfg.hidden
+        e = 4 if cfg.dtype == torch.float32 else 2
+        qd, kvd = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        # (base, per row): docs/cost-model.md "Activations", fp32.
+        want = {"ln1.in": (e * T * h, 0), "attn.qkv_in": (e * T * h, 0),
+                "attn.q": (e * T * qd, 0), "attn.k": (e * T * kvd, 0),
+                "attn.v": (e * T * kvd, 0), "attn.out": (e * T * qd, 0),
+                "attn.lse": (4 * cfg.heads * T, 0), "ln2.in": (e * T * h, 0),
+                "moe.in": (e * T * h, 0), "moe.probs": (4 * T * cfg.experts, 0),
+                "moe.perm_idx": (0, 4), "moe.expert_in": (0, e * h),
+                "moe.expert_up": (0, e * 2 * cfg.ffn), "moe.expert_act": (0, e * cfg.ffn),
+                "moe.expert_out": (0, e * h)}
+        if rt.info.n_model_layers != cfg.layers or rt.info.n_stages != cfg.pp:
+            return ("%s was not compiled from this model: %d layers on %d stages, the model "
+                    "has %d on %d" % (path, rt.info.n_model_layers, rt.info.n_stages,
+                                      cfg.layers, cfg.pp))
+        for l in range(cfg.layers):
+            li = rt.layer(l)
+            names = tuple(rt.unit_names(l))
+            if li.stage != l // cfg.stage_layers or names != moe.UNITS:
+                return ("%s was not compiled from this model: layer %d is on stage %d with "
+                        "units %s" % (path, l, li.stage, ", ".join(names)))
+            for u in rt.units(l):
+                if (u.base_bytes, u.per_row_bytes) != want[u.name]:
+                    return ("%s was not compiled from this model: layer %d unit %s has %d + "
+                            "%d per row bytes, the model %d + %d" % (
+                                path, l, u.name, u.base_bytes, u.per_row_bytes,
+                                *want[u.name]))
+    return None
+
+
 def free_port():
     import socket
     with socket.socket() as s:
@@ -317,6 +355,10 @@ def main(argv=None):
         if not os.path.isfile(path):
             sys.stderr.write("examples/torch: %s: no such file\n" % path)
             return EXIT_INPUT
+    problem = check_plan(o.plan, cfg)
+    if problem:
+        sys.stderr.write("examples/torch: %s\n" % problem)
+        return EXIT_INPUT
     world = cfg.devices
     if world != cfg.pp * cfg.ep:
         sys.stderr.write("examples/torch: %s: devices must equal pp x ep\n" % o.model)

@@ -468,7 +468,10 @@ class Manager:
         for s in L.saved:
             t = s.tensor
             k = storage_key(t)
-            u = by_key.get(k) if storage_bytes(t) else None
+            if not storage_bytes(t):
+                s.view = None  # nothing saved (an empty slice): kept as it is
+                continue
+            u = by_key.get(k)
             if u is None:
                 if k not in self._params and not isinstance(t, torch.nn.Parameter):
                     fn = type(t.grad_fn).__name__ if t.grad_fn is not None else None
