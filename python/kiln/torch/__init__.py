@@ -187,10 +187,13 @@ class Manager:
     offload over the units: for tests, it drives every path). device: where
     activations live (CPU, or a CUDA device: then offloads go to pinned host
     memory on a side stream and free memory comes from the caching
-    allocator). record: keep a log of every unit at every decision."""
+    allocator). record: keep a log of every unit at every decision.
+    free_bytes_fn: a callable returning the device bytes free for
+    activations, instead of the allocator's or the accounting's figure (a
+    host with its own allocator)."""
 
     def __init__(self, rt=None, stage=0, budget_bytes=None, policy="kiln", device=None,
-                 record=False):
+                 record=False, free_bytes_fn=None):
         if policy not in ("kiln", "keep", "mixed"):
             raise ValueError("policy %r: one of kiln, keep, mixed" % (policy,))
         if policy == "kiln" and rt is None:
@@ -221,6 +224,7 @@ class Manager:
                           load_beyond=0, offloaded_bytes=0, recomputed_bytes=0,
                           resident_checks=0, saved_tensors=0, decide_s=0.0)
         self._params = set()
+        self._free_fn = free_bytes_fn
         self._stream = torch.cuda.Stream(self.device) if self.cuda else None
 
     # ------------------------------------------------------------ scopes
@@ -346,6 +350,8 @@ class Manager:
         """Device bytes free for activations now: from the CUDA caching
         allocator (free device memory plus what it caches unused, capped by
         the budget's remainder) on CUDA, otherwise from kiln's accounting."""
+        if self._free_fn is not None:
+            return int(self._free_fn())
         if self.cuda:
             free, _ = torch.cuda.mem_get_info(self.device)
             cached = (torch.cuda.memory_reserved(self.device) -
@@ -403,7 +409,7 @@ class Manager:
             self.stats["decide_s"] += time.perf_counter() - t0
             return None
         made = sum(u.nbytes for u in L.units.values())
-        if self.cuda:
+        if self.cuda or self._free_fn is not None:
             free = self.free_bytes() + made
         else:
             free = self.rt.free_bytes() + made
