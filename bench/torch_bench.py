@@ -49,7 +49,7 @@ class Plain:
 
     rows = 0
 
-    def produce(self, name, fn, *src, rng=False):
+    def produce(self, name, fn, *src, rng=False, router=False):
         return fn(*src)
 
     def register(self, name, t):

@@ -11,15 +11,16 @@ Prints:
   kiln_rt_unit_bytes, and the plan's resident_bytes);
 - per unit: the measured time of recomputing it (its recipe re-run) and of
   offloading and reloading it (pinned copies on a side stream), against the
-  cost model (recompute: the recompute_us of the compiled table point that
-  recomputes that unit alone; copies: bytes / d2h_gbps and bytes / h2d_gbps
-  of the hardware profile, docs/cost-model.md);
+  cost model (recompute: the forward time of the op that produces the unit,
+  from the emitted MLIR; copies: bytes / d2h_gbps and bytes / h2d_gbps of
+  the hardware profile, docs/cost-model.md);
 - whether the losses and every gradient of keep and of kiln (in a budget of
   half the layer's activations) are bitwise equal."""
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -82,11 +83,11 @@ def main():
     ypath, blob = os.path.join(tmp, "layer.yaml"), os.path.join(tmp, "layer.kiln")
     with open(ypath, "w") as f:
         yaml.safe_dump(desc, f)
-    r = subprocess.run([os.path.join(o.build, "kilnc"), "compile", ypath, "-o", blob, "--json"],
-                       capture_output=True, text=True)
+    mlir = os.path.join(tmp, "layer.mlir")
+    r = subprocess.run([os.path.join(o.build, "kilnc"), "compile", ypath, "-o", blob,
+                        "--emit-mlir", mlir], capture_output=True, text=True)
     if r.returncode:
         sys.exit("torch_check: kilnc compile: " + r.stderr)
-    comp = json.loads(r.stdout)
     hw = yaml.safe_load(open(os.path.join(ROOT, "examples", "hardware", "h200.yaml")))
     cfg = moe.Config(desc)
     rt = kiln.runtime.Runtime(blob)
@@ -124,7 +125,9 @@ def main():
         grads = [p.grad.clone() for p in mod.parameters()] + [x.grad.clone()]
         return dict(loss=loss.detach().clone(), grads=grads, held=held, peak=peak,
                     fwd_s=t_fwd, bwd_s=t_bwd, plan=L.plan, rows=L.rows,
-                    bytes={n: u.nbytes for n, u in units.items()}, meas=meas)
+                    bytes={n: u.nbytes for n, u in units.items()}, meas=meas,
+                    done={n: ("keep", "recompute", "offload")[u.action]
+                          for n, u in units.items()})
 
     def measure(units):
         """Each held unit: recompute (its recipe) and the pinned copies."""
@@ -192,22 +195,32 @@ def main():
                                       kl["fwd_s"] * 1e3, kl["bwd_s"] * 1e3,
                                       kl["plan"].exposed_us if kl["plan"] else 0))
     if kl["plan"] is not None:
-        print("kiln plan: " + ", ".join("%s %s" % (n, a) for n, a in kl["plan"].actions.items()
-                                        if a != "keep"))
+        print("kiln plan, as carried out (the router's output offloaded where the plan "
+              "recomputes it): " + ", ".join("%s %s" % (n, a) for n, a in kl["done"].items()
+                                             if a != "keep"))
 
-    # The cost model per unit: the compiled table's point that recomputes
-    # only that unit (at the real load's bucket), and the profile's links.
-    lk = comp["stages"][0]["layer_kinds"][0]
-    plans = comp["plans"]
-    lf = keep["rows"] / max(rt.layer(0).balanced_rows, 1)
-    bucket = next((b for b in lk["buckets"] if b.get("load_factor", 0) >= lf - 1e-9),
-                  lk["buckets"][-1])
-    single = {}
-    for pt in bucket["points"]:
-        acts = plans[pt["plan"]]["actions"]
-        changed = [n for n, a in acts.items() if a != "keep"]
-        if len(changed) == 1 and acts[changed[0]] == "recompute":
-            single[changed[0]] = pt["recompute_us"]
+    # The cost model per unit: the forward time of the op that produces it
+    # (its recompute), from the emitted MLIR's kiln.op time_us (the
+    # balanced load, which is the only load with one EP rank) and kiln.tensor
+    # producer attributes (docs/mlir-dialect.md).
+    ops, producer = {}, {}
+    for line in open(mlir):
+        m = re.search(r'"kiln\.op"\(\) \{(.*)\}', line)
+        if m:
+            at = m.group(1)
+            i = re.search(r"\bid = (\d+)", at)
+            t = re.search(r"time_us = ([0-9.e+-]+)", at)
+            d = re.search(r'dir = "(\w+)"', at)
+            if i and t and d and d.group(1) == "fwd":
+                ops[int(i.group(1))] = float(t.group(1))
+        m = re.search(r'"kiln\.tensor"\(\) \{(.*)\}', line)
+        if m:
+            at = m.group(1)
+            n = re.search(r'name = "([^"]+)"', at)
+            pr = re.search(r"producer = (-?\d+)", at)
+            if n and pr:
+                producer[n.group(1)] = int(pr.group(1))
+    single = {n: ops[p] for n, p in producer.items() if p in ops}
     print("%-16s %10s %12s %12s %12s %12s %12s %12s" % (
         "unit", "MiB", "recomp ms", "model ms", "d2h ms", "model ms", "h2d ms", "model ms"))
     rows = []
@@ -221,7 +234,7 @@ def main():
         rows.append(row)
 
         def f(v):
-            return "%12.3f" % v if v is not None else "%12s" % "-"
+            return "%12.4f" % v if v is not None else "%12s" % "-"
         print("%-16s %10.2f %s %s %s %s %s %s" % (
             n, b / 2**20, f(row["recompute_ms"]), f(row["model_recompute_ms"]),
             f(row["d2h_ms"]), f(row["model_d2h_ms"]), f(row["h2d_ms"]), f(row["model_h2d_ms"])))

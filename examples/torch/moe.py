@@ -122,6 +122,12 @@ class SwiGLUFn(torch.autograd.Function):
         return torch.cat([da, du], dim=1)
 
 
+def wire(t):
+    """t as gloo can send it: gloo in torch 1.13 has no bfloat16, so bf16
+    travels as fp32 (exact both ways)."""
+    return (t.float() if t.dtype == torch.bfloat16 else t).contiguous()
+
+
 class AllToAllFn(torch.autograd.Function):
     """all_to_all_single of the rows of x: send[i] rows to rank i, recv[i]
     from it; backward sends the gradients the other way. Saves nothing."""
@@ -131,17 +137,19 @@ class AllToAllFn(torch.autograd.Function):
         ctx.send, ctx.recv, ctx.group = send, recv, group
         if group is None:  # one EP rank: the rows stay
             return x.clone()
-        out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
-        return out
+        w = wire(x)
+        out = w.new_empty((sum(recv),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, w, recv, send, group=group)
+        return out.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
         if ctx.group is None:
             return dy, None, None, None
-        dx = dy.new_empty((sum(ctx.send),) + tuple(dy.shape[1:]))
-        dist.all_to_all_single(dx, dy.contiguous(), ctx.send, ctx.recv, group=ctx.group)
-        return dx, None, None, None
+        w = wire(dy)
+        dx = w.new_empty((sum(ctx.send),) + tuple(dy.shape[1:]))
+        dist.all_to_all_single(dx, w, ctx.send, ctx.recv, group=ctx.group)
+        return dx.to(dy.dtype), None, None, None
 
 
 class DispatchFn(torch.autograd.Function):
@@ -393,7 +401,7 @@ def layer_forward(cfg, L, mod, x, group, spikes, key, pending, fixed_after):
     def gate(m, w):
         return torch.softmax(torch.matmul(m, w).float(), dim=1)
 
-    probs = L.produce("moe.probs", gate, moe_in, mod.router)
+    probs = L.produce("moe.probs", gate, moe_in, mod.router, router=True)
 
     # The gate: routing, then the rows each local expert receives.
     E, LE, ep = cfg.experts, cfg.local_experts, cfg.ep
@@ -465,6 +473,13 @@ HEAD_UNITS = ("head.norm_in", "head.in", "head.logits")
 
 
 def head_bytes(cfg):
-    """The head's saved tensors per micro-batch (fp32): its norm's input,
-    the output projection's input and the logits."""
-    return 4 * cfg.tokens * (2 * cfg.hidden + cfg.vocab)
+    """The head's saved tensors per micro-batch: its norm's input and the
+    output projection's input (activation dtype), the fp32 logits."""
+    e = torch.finfo(cfg.dtype).bits // 8
+    return cfg.tokens * (2 * e * cfg.hidden + 4 * cfg.vocab)
+
+
+def logits(h, w):
+    """The output projection, in fp32 for the cross entropy (kiln counts
+    head.logits at 4 bytes, docs/cost-model.md)."""
+    return torch.matmul(h, w).float()

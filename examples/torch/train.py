@@ -109,6 +109,9 @@ def worker(rank, o, port, world):
     mods = torch.nn.ModuleList([moe.Layer(cfg, l, dp, o.seed) for l in layers])
     embed = moe.Embed(cfg, o.seed) if stage == 0 else None
     head = moe.Head(cfg, o.seed) if last else None
+    for m in (mods, embed, head):
+        if m is not None:
+            m.to(cfg.dtype)
     params = list(mods.parameters())
     replicated = [p for m in mods for p in m.replicated()]
     for extra in (embed, head):
@@ -171,7 +174,7 @@ def worker(rank, o, port, world):
                     else:
                         x = torch.empty(cfg.tokens, cfg.hidden)
                         dist.recv(x, src=rank - ep)
-                        x.requires_grad_(True)
+                        x = x.to(cfg.dtype).requires_grad_(True)
                     acts[mb] = x
                     for li, l in enumerate(layers):
                         key = ((((o.seed * 1000003 + step) * 31 + dp) * 131 + mb) * 257 +
@@ -187,14 +190,14 @@ def worker(rank, o, port, world):
                         with mgr.layer("head") as H:
                             H.register("head.norm_in", x)
                             hin = H.produce("head.in", moe.rmsnorm, x, head.norm)
-                            logits = H.produce("head.logits", torch.matmul, hin, head.out)
+                            logits = H.produce("head.logits", moe.logits, hin, head.out)
                             loss = moe.CrossEntropyFn.apply(logits, tgt, 1.0 / (M * cfg.dp))
                         del hin, logits
                         outs[mb] = loss
                         losses[mb] = loss.detach()
                     else:
                         outs[mb] = x
-                        sends.append(dist.isend(x.detach(), dst=rank + ep))
+                        sends.append(dist.isend(moe.wire(x.detach()), dst=rank + ep))
                     del x, y
             else:
                 if last:
@@ -202,17 +205,19 @@ def worker(rank, o, port, world):
                 else:
                     g = torch.empty(cfg.tokens, cfg.hidden)
                     dist.recv(g, src=rank + ep)
-                    outs.pop(mb).backward(g)
+                    outs.pop(mb).backward(g.to(cfg.dtype))
                 x = acts.pop(mb)
                 if stage > 0:
-                    sends.append(dist.isend(x.grad, dst=rank - ep))
+                    sends.append(dist.isend(moe.wire(x.grad), dst=rank - ep))
                 del x
                 mgr.end_backward(mb)
         for s in sends:
             s.wait()
         mgr.check_empty()
         for p in replicated:
-            dist.all_reduce(p.grad, group=group)
+            gw = moe.wire(p.grad)
+            dist.all_reduce(gw, group=group)
+            p.grad.copy_(gw)
         step_loss = torch.zeros(1, dtype=torch.float64)
         if last:
             step_loss += float(sum(losses[m] for m in range(M)))

@@ -219,3 +219,24 @@ def test_another_models_plan_is_refused(tiny_blob):
     r = run("--plan", tiny_blob, timeout=60)
     assert r.returncode == 1
     assert "was not compiled from this model" in r.stderr
+
+
+def test_from_a_hugging_face_config_to_a_trained_step(tmp_path):
+    """The README's path: examples/torch/config.json (a tiny Mixtral) through
+    kilnc import hf and compile, then examples/torch trains on it with kiln
+    deciding (bf16: the import's dtype; gloo carries it as fp32)."""
+    yml, blob, log = tmp_path / "m.yaml", tmp_path / "m.kiln", tmp_path / "m.log"
+    r = kilnc("import", "hf", os.path.join(EXAMPLE, "config.json"), "--devices", "4", "--pp",
+              "2", "--ep", "2", "--micro-batch", "2", "--global-batch", "16", "--seq-len", "64",
+              "--hardware", os.path.join(EXAMPLE, "cpu-arena.yaml"), "-o", str(yml))
+    assert r.returncode == 0, r.stderr
+    r = kilnc("compile", str(yml), "-o", str(blob))
+    assert r.returncode == 0, r.stderr
+    r = run("--model", str(yml), "--plan", str(blob), "--steps", "3", "--spike", "2:1.0:0+1",
+            "--quiet", "--log", str(log))
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(log) as f:
+        recs = [json.loads(line) for line in f]
+    assert len(recs) == 3 and recs[1]["max_load"] == 2.0
+    assert all(x["decisions"] == 32 and x["over_budget"] == 0 for x in recs)
+    assert recs[-1]["loss"] < recs[0]["loss"]

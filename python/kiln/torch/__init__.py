@@ -92,7 +92,7 @@ class _Unit:
     its host copy while offloaded, its recipe for recompute."""
 
     __slots__ = ("name", "index", "mb", "layer", "tensor", "host", "event", "nbytes", "key",
-                 "recipe", "out_index", "action", "state", "fixed")
+                 "recipe", "out_index", "action", "state", "fixed", "router")
 
     def __init__(self, name, index, mb, layer, tensor, recipe, out_index, fixed):
         self.name = name
@@ -109,11 +109,15 @@ class _Unit:
         self.action = KEEP
         self.state = "held"
         self.fixed = fixed
+        self.router = False
 
     def get(self, mgr):
         """The tensor, brought back (reload or recompute) if it was sent away."""
         if self.state != "held":
             mgr._restore_unit(self)
+        if self.event is not None:  # a reload still on the side stream
+            torch.cuda.current_stream(self.tensor.device).wait_event(self.event)
+            self.event = None
         return self.tensor
 
 
@@ -149,21 +153,27 @@ class Layer:
         output). Returns tensor."""
         return self.mgr._register(self, name, tensor, recipe, out_index, fixed)
 
-    def produce(self, name, fn, *sources, rng=False):
+    def produce(self, name, fn, *sources, rng=False, router=False):
         """Runs fn(*sources) and names its output unit name; recompute re-runs
         fn on the same sources (units among them are brought back first). name
         may be a tuple when fn returns a tuple: one unit per output (None for an
-        output that is no unit). rng=True replays the RNG state. Returns fn's
-        output."""
+        output that is no unit). rng=True replays the RNG state. router=True
+        marks the router's output: never recomputed, so that nothing in the
+        backward can see other tokens per expert than the forward did (a plan
+        that recomputes it has it offloaded instead: the same bytes leave the
+        device, the exact values come back). Returns fn's output."""
         srcs = [self.mgr._unit_of(self, s) or s for s in sources]
         recipe = _Recipe(fn, srcs, torch.random.get_rng_state() if rng else None)
+        if router:
+            recipe = None
         out = fn(*sources)
-        if isinstance(name, tuple):
-            for i, (n, t) in enumerate(zip(name, out)):
-                if n is not None:
-                    self.mgr._register(self, n, t, recipe, i, False)
-        else:
-            self.mgr._register(self, name, out, recipe, None, False)
+        names = name if isinstance(name, tuple) else (name,)
+        outs = out if isinstance(name, tuple) else (out,)
+        for i, (n, t) in enumerate(zip(names, outs)):
+            if n is not None:
+                self.mgr._register(self, n, t, recipe, i if isinstance(name, tuple) else None,
+                                   False)
+                self.units[n].router = router
         return out
 
     def decide(self, tokens_per_expert, pending=0, fixed_after_bytes=0):
@@ -214,7 +224,6 @@ class Manager:
         self.peak_bytes = 0
         self.mb_bytes = {}
         self.layers = {}  # (mb, layer) -> Layer, until its backward ends
-        self.fixed = {}  # mb -> [units outside layers]
         self.step = 0
         self.cur = None
         self.mb = None
@@ -222,7 +231,8 @@ class Manager:
         self.log = [] if record else None
         self.stats = dict(decisions=0, kept=0, recomputed=0, offloaded=0, over_budget=0,
                           load_beyond=0, offloaded_bytes=0, recomputed_bytes=0,
-                          resident_checks=0, saved_tensors=0, decide_s=0.0)
+                          resident_checks=0, saved_tensors=0, router_offloads=0,
+                          decide_s=0.0)
         self._params = set()
         self._free_fn = free_bytes_fn
         self._stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -397,15 +407,12 @@ class Manager:
         t0 = time.perf_counter()
         counts = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
         L.rows = int(sum(counts))
-        names = list(L.units)
         if self.policy == "keep":
             L.plan = None
-            L.actions = None
             self.stats["decide_s"] += time.perf_counter() - t0
             return None
         if self.policy == "mixed":
             L.plan = None
-            L.actions = "mixed"
             self.stats["decide_s"] += time.perf_counter() - t0
             return None
         made = sum(u.nbytes for u in L.units.values())
@@ -422,7 +429,6 @@ class Manager:
         self.stats["over_budget"] += plan.over_budget
         self.stats["load_beyond"] += plan.load_beyond
         self.stats["decide_s"] += time.perf_counter() - t0
-        del names
         return plan
 
     def _action(self, L, u, i):
@@ -430,12 +436,15 @@ class Manager:
             return KEEP
         if self.policy == "mixed":
             a = (i + L.mb + L.layer + self.step) % 3
-            if a == RECOMPUTE and u.recipe is None:
+            if a == RECOMPUTE and (u.recipe is None or u.router):
                 a = OFFLOAD
             return a
         if L.plan is None:
             return KEEP
         a = L.plan.action_codes[u.index]
+        if a == RECOMPUTE and u.router:
+            self.stats["router_offloads"] += 1
+            return OFFLOAD
         if a == RECOMPUTE and u.recipe is None:
             raise RuntimeError("plan %d recomputes %s at layer %d, which has no recipe (a "
                                "layer input or a collective's output)" % (
@@ -535,10 +544,7 @@ class Manager:
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._stream):
                 host.copy_(flat, non_blocking=True)
-                ev = torch.cuda.Event()
-                ev.record(self._stream)
             t.record_stream(self._stream)
-            u.event = ev
         else:
             flat = t.new_empty(0).set_(t.storage())
             host = flat.clone()
@@ -553,17 +559,22 @@ class Manager:
             host, shape, stride, offset = u.host
             self._charge(u, "reloaded", "reload")
             if self.cuda:
-                if u.event is not None:
-                    u.event.synchronize()
+                # On the side stream, after the compute stream's work so far
+                # (the block may have been that stream's); the compute stream
+                # waits for it only where a backward op unpacks the unit.
+                # The offload's copy came earlier on the same stream.
                 flat = torch.empty(host.numel(), dtype=host.dtype, device=self.device)
+                self._stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(self._stream):
                     flat.copy_(host, non_blocking=True)
-                torch.cuda.current_stream(self.device).wait_stream(self._stream)
+                    ev = torch.cuda.Event()
+                    ev.record(self._stream)
+                flat.record_stream(self._stream)
+                u.event = ev
             else:
                 flat = host.clone()
             u.tensor = flat.as_strided(shape, stride, offset)
             u.host = None
-            u.event = None
             self.host_bytes -= u.nbytes
             u.state = "held"
         elif u.state == "dropped":
