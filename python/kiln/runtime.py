@@ -320,9 +320,24 @@ class Plan:
     avail_bytes, exposed_us, flags as in kiln_plan; over_budget and
     load_beyond test the flags. rows: the rows the decision was taken at."""
 
-    __slots__ = ("stage", "layer", "rows", "units", "action_codes", "actions", "plan",
-                 "template_id", "bucket", "load_factor", "need_bytes", "saved_bytes",
-                 "resident_bytes", "avail_bytes", "exposed_us", "flags")
+    __slots__ = ("_p", "stage", "layer", "rows", "units", "action_codes", "actions")
+
+    plan = property(lambda self: self._p.plan, doc="plan pool index")
+    template_id = property(lambda self: self._p.template_id,
+                           doc="template to follow (Runtime.template), or -1")
+    bucket = property(lambda self: self._p.bucket, doc="the load bucket used")
+    load_factor = property(lambda self: self._p.load_factor,
+                           doc="observed: rows / balanced rows (0 for dense layers)")
+    need_bytes = property(lambda self: self._p.need_bytes, doc="bytes the layer had to save")
+    saved_bytes = property(lambda self: self._p.saved_bytes,
+                           doc="bytes the plan saves (at least), at the bucket's upper edge")
+    resident_bytes = property(lambda self: self._p.resident_bytes,
+                              doc="bytes the plan keeps (at most), at the bucket's upper edge")
+    avail_bytes = property(lambda self: self._p.avail_bytes,
+                           doc="free bytes minus the reserve for later work")
+    exposed_us = property(lambda self: self._p.exposed_us,
+                          doc="estimated extra time on the critical path, microseconds")
+    flags = property(lambda self: self._p.flags, doc="PLAN_OVER_BUDGET | PLAN_LOAD_BEYOND")
 
     @property
     def over_budget(self):
@@ -363,6 +378,11 @@ def _counts(tokens):
     return tokens
 
 
+# ctypes array types of n counts, made once each; an empty count list
+# passes a valid pointer with n_tokens 0 (not NULL, which means total_rows).
+_ARRAYS = {}
+_EMPTY = (_c.c_uint32 * 1)()
+
 # ---------------------------------------------------------------- the handle
 
 class Runtime:
@@ -401,10 +421,8 @@ class Runtime:
         self._names = {}
         self._index = {}
         self._plan_actions = {}
-        # One query and plan per handle for the common path; select copies
-        # the answer out, so these are scratch (guarded: threads may share a
-        # handle, so each call uses its own when another call holds them).
-        self._free_scratch = [(_Query(), _Plan())]
+        self._select = lib.kiln_rt_select
+        self._record = lib.kiln_rt_acct_record
 
     @classmethod
     def from_bytes(cls, data):
@@ -612,70 +630,91 @@ class Runtime:
         (total_rows). free_bytes: device bytes free now, or None for free
         memory from the accounting API (acct_reset first; pending then
         comes from accounting and held_bytes too). Returns a Plan; a C
-        error raises KilnError."""
-        h = self._handle()
-        scratch = self._free_scratch
-        q, p = scratch.pop() if scratch else (_Query(), _Plan())
-        try:
-            q.stage = _sint(stage, "stage")
-            q.layer = _sint(layer, "layer")
-            if isinstance(tokens_per_expert, int) and not isinstance(tokens_per_expert, bool):
-                q.tokens = None
-                q.n_tokens = 0
-                q.total_rows = _uint(tokens_per_expert, "rows")
-                rows = q.total_rows
+        error raises KilnError, an argument of the wrong type or range
+        TypeError or ValueError. Thread-safe; about 3 us from a list of
+        counts (docs/python.md)."""
+        h = self._h
+        if h is None:
+            self._handle()
+        q = _Query()
+        # Fast paths for plain ints in range; anything else goes through
+        # the checks that name the argument.
+        if type(stage) is not int or not 0 <= stage <= _I32_MAX:
+            stage = _sint(stage, "stage")
+        if type(layer) is not int or not 0 <= layer <= _I32_MAX:
+            layer = _sint(layer, "layer")
+        q.stage = stage
+        q.layer = layer
+        t = tokens_per_expert
+        if type(t) is not list:
+            if type(t) is int:
+                if not 0 <= t <= _U64_MAX:
+                    _uint(t, "rows")
+                t = None
+            elif hasattr(t, "tolist"):
+                t = t.tolist()
             else:
-                counts = _counts(tokens_per_expert)
-                n = len(counts)
-                if n:
-                    lo, hi = min(counts), max(counts)
-                    if (isinstance(lo, float) or isinstance(hi, float) or lo < 0
-                            or hi > _U32_MAX):
-                        for c in counts:
-                            _uint(c, "tokens_per_expert[%d]" % counts.index(c), _U32_MAX)
+                t = _counts(t)
+            if t is not None and type(t) is not list:
+                t = _counts(t)
+        if t is None:
+            rows = tokens_per_expert
+            q.total_rows = rows
+        else:
+            n = len(t)
+            if n:
                 if n > (1 << 20):
-                    raise KilnError(EINVAL, "kiln_rt_select",
-                                    "%d local experts (at most 2^20)" % n)
-                arr = (_u32 * n)(*counts)
+                    raise KilnError(EINVAL, "kiln_rt_select", "%d local experts (at most 2^20)" % n)
+                lo = min(t)
+                hi = max(t)
+                if type(lo) is not int or type(hi) is not int or lo < 0 or hi > _U32_MAX:
+                    for i, c in enumerate(t):
+                        _uint(c, "tokens_per_expert[%d]" % i, _U32_MAX)
+                arr_t = _ARRAYS.get(n)
+                if arr_t is None:
+                    arr_t = _ARRAYS.setdefault(n, _u32 * n)
+                try:
+                    arr = arr_t(*t)
+                except TypeError:
+                    for i, c in enumerate(t):
+                        _uint(c, "tokens_per_expert[%d]" % i, _U32_MAX)
+                    raise
                 q.tokens = arr
                 q.n_tokens = n
-                q.total_rows = 0
-                rows = sum(counts)
-            q.free_bytes = FREE_FROM_ACCOUNTING if free_bytes is None else \
-                _uint(free_bytes, "free_bytes")
+                rows = sum(t)
+            else:
+                rows = 0
+                q.tokens = _EMPTY
+        if free_bytes is None:
+            q.free_bytes = FREE_FROM_ACCOUNTING
+        elif type(free_bytes) is int and 0 <= free_bytes <= _U64_MAX:
+            q.free_bytes = free_bytes
+        else:
+            q.free_bytes = _uint(free_bytes, "free_bytes")
+        if pending:
             q.pending = _uint(pending, "pending", _U32_MAX)
+        if microbatch:
             q.microbatch = _uint(microbatch, "microbatch", _U32_MAX)
+        if held_bytes:
             q.held_bytes = _uint(held_bytes, "held_bytes")
-            rc = self._lib.kiln_rt_select(h, _c.byref(q), _c.byref(p))
-            if rc < 0:
-                raise KilnError(rc, "kiln_rt_select", "stage %d layer %d" % (stage, layer))
-            out = Plan()
-            out.stage = q.stage
-            out.layer = q.layer
-            out.rows = rows
-            out.plan = p.plan
-            cached = self._plan_actions.get((layer, p.plan))
-            if cached is None:
-                codes = tuple(_c.string_at(p.actions, p.n_units))
-                names = self.unit_names(layer)
-                cached = (codes, types.MappingProxyType(
-                    {names[i]: ACTIONS[a] for i, a in enumerate(codes)}))
-                self._plan_actions[(layer, p.plan)] = cached
-            out.action_codes, out.actions = cached
-            out.units = self._names[layer]
-            out.template_id = p.template_id
-            out.bucket = p.bucket
-            out.load_factor = p.load_factor
-            out.need_bytes = p.need_bytes
-            out.saved_bytes = p.saved_bytes
-            out.resident_bytes = p.resident_bytes
-            out.avail_bytes = p.avail_bytes
-            out.exposed_us = p.exposed_us
-            out.flags = p.flags
-            return out
-        finally:
-            q.tokens = None
-            scratch.append((q, p))
+        p = _Plan()
+        rc = self._select(h, q, p)
+        if rc < 0:
+            raise KilnError(rc, "kiln_rt_select", "stage %d layer %d" % (stage, layer))
+        out = Plan.__new__(Plan)
+        out._p = p
+        out.stage = stage
+        out.layer = layer
+        out.rows = rows
+        cached = self._plan_actions.get((layer, p.plan))
+        if cached is None:
+            codes = tuple(_c.string_at(p.actions, p.n_units))
+            names = self.unit_names(layer)
+            cached = (codes, types.MappingProxyType(
+                {names[i]: ACTIONS[a] for i, a in enumerate(codes)}), names)
+            self._plan_actions[(layer, p.plan)] = cached
+        out.action_codes, out.actions, out.units = cached
+        return out
 
     # -- accounting
 
@@ -689,17 +728,26 @@ class Runtime:
     def acct_record(self, microbatch, event, nbytes):
         """kiln_rt_acct_record: event is ACCT_* or its name ("produced",
         "freed", "offloaded", "reloaded", "dropped")."""
-        if isinstance(event, str):
-            try:
-                event = _ACCT_EVENTS[event]
-            except KeyError:
-                raise ValueError("unknown accounting event %r; one of %s" % (
-                    event, ", ".join(_ACCT_EVENTS))) from None
-        _check(self._lib.kiln_rt_acct_record(self._handle(),
-                                             _uint(microbatch, "microbatch", _U32_MAX),
-                                             _sint(event, "event"), _uint(nbytes, "bytes")),
-               "kiln_rt_acct_record", "micro-batch %d event %d of %d bytes" % (
-                   microbatch, event, nbytes))
+        if type(event) is not int:
+            if isinstance(event, str):
+                try:
+                    event = _ACCT_EVENTS[event]
+                except KeyError:
+                    raise ValueError("unknown accounting event %r; one of %s" % (
+                        event, ", ".join(_ACCT_EVENTS))) from None
+            else:
+                event = _sint(event, "event")
+        if type(microbatch) is not int or not 0 <= microbatch <= _U32_MAX:
+            microbatch = _uint(microbatch, "microbatch", _U32_MAX)
+        if type(nbytes) is not int or not 0 <= nbytes <= _U64_MAX:
+            nbytes = _uint(nbytes, "bytes")
+        h = self._h
+        if h is None:
+            self._handle()
+        rc = self._record(h, microbatch, event, nbytes)
+        if rc < 0:
+            raise KilnError(rc, "kiln_rt_acct_record", "micro-batch %d event %d of %d bytes" % (
+                microbatch, event, nbytes))
 
     def produced(self, microbatch, nbytes):
         self.acct_record(microbatch, ACCT_PRODUCED, nbytes)

@@ -29,3 +29,12 @@ def test_every_mirror_matches_the_header():
         assert ctypes.sizeof(mirror) == sizes[name], name
         py = [(f, getattr(mirror, f).offset, getattr(mirror, f).size) for f, _ in mirror._fields_]
         assert py == fields[name], name
+
+
+def test_every_struct_of_the_header_is_mirrored():
+    """A struct added to runtime.h is added to kiln.runtime (and layout.c) too."""
+    import re
+    from conftest import ROOT
+    with open(os.path.join(ROOT, "include", "kiln", "runtime.h")) as f:
+        declared = set(re.findall(r"typedef struct (\w+) \{", f.read()))
+    assert declared == set(runtime.STRUCTS)
