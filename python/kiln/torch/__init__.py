@@ -416,10 +416,17 @@ class Manager:
             self.stats["decide_s"] += time.perf_counter() - t0
             return None
         made = sum(u.nbytes for u in L.units.values())
+        # kiln's accounting, fed every event, must agree with the manager.
+        acct = self.rt.acct()
+        if acct.device_bytes != self.device_bytes or acct.host_bytes != self.host_bytes:
+            raise RuntimeError("kiln.torch: internal error: kiln's accounting holds %d device "
+                               "and %d host bytes, the manager %d and %d" % (
+                                   acct.device_bytes, acct.host_bytes, self.device_bytes,
+                                   self.host_bytes))
         if self.cuda or self._free_fn is not None:
             free = self.free_bytes() + made
         else:
-            free = self.rt.free_bytes() + made
+            free = acct.free_bytes + made
         free = free - fixed_after if free > fixed_after else 0
         held = self.mb_bytes.get(L.mb, 0) - made + fixed_after
         plan = self.rt.select(self.stage, L.layer, counts, free, pending=pending,

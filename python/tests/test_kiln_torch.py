@@ -1,0 +1,158 @@
+"""kiln.torch's saved-tensor manager in one process (docs/torch.md, "What
+the manager does"): one MoE layer of examples/torch with one EP rank, no
+collectives, under keep, mixed and a budget; and bench/gpu/torch_check.py's
+CPU path."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import ROOT  # noqa: E402
+
+import kiln.torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "examples", "torch"))
+import moe  # noqa: E402
+
+
+def config():
+    # examples/torch/model.yaml's shapes with one EP rank (8 local experts).
+    desc = {"model": {"layers": 1, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 256,
+                      "seq_len": 64, "moe": {"experts": 8, "top_k": 2,
+                                             "expert_ffn_hidden": 128}},
+            "training": {"micro_batch": 2, "global_batch": 2, "dtype": "fp32"},
+            "parallel": {"devices": 1, "pp": 1, "ep": 1}}
+    return moe.Config(desc)
+
+
+def one_step(mgr, spikes=()):
+    """Forward and backward of the layer for one micro-batch; returns the
+    loss, every gradient and the layer scope."""
+    cfg = config()
+    torch.manual_seed(0)
+    mod = moe.Layer(cfg, 0, 0, 1)
+    x = torch.randn(cfg.tokens, cfg.hidden, generator=torch.Generator().manual_seed(3))
+    x.requires_grad_(True)
+    if mgr is None:
+        class Plain:
+            rows = 0
+
+            def produce(self, name, fn, *src, rng=False, router=False):
+                return fn(*src)
+
+            def register(self, name, t):
+                return t
+
+            def decide(self, *a, **k):
+                return None
+        y = moe.layer_forward(cfg, Plain(), mod, x, None, list(spikes), 5, 0, 0)
+        L = None
+    else:
+        mgr.watch_parameters(mod)
+        with mgr.microbatch(0):
+            with mgr.layer(0, x) as L:
+                y = moe.layer_forward(cfg, L, mod, x, None, list(spikes), 5, 0, 0)
+                mgr.output(y)
+    loss = (y * y).mean()
+    loss.backward()
+    if mgr is not None:
+        mgr.end_backward(0)
+        mgr.check_empty()
+    return loss.detach(), [p.grad for p in mod.parameters()] + [x.grad], L
+
+
+UNIT_BYTES = {  # fp32, T = 128 tokens, h = 64, 4 heads and 2 KV heads of 16,
+    # E = 8 experts of 128, N = 256 rows (every row is local with one rank):
+    # docs/cost-model.md "Activations" worked by hand.
+    "ln1.in": 4 * 128 * 64, "attn.qkv_in": 4 * 128 * 64, "attn.q": 4 * 128 * 64,
+    "attn.k": 4 * 128 * 32, "attn.v": 4 * 128 * 32, "attn.out": 4 * 128 * 64,
+    "attn.lse": 4 * 4 * 128, "ln2.in": 4 * 128 * 64, "moe.in": 4 * 128 * 64,
+    "moe.probs": 4 * 128 * 8, "moe.perm_idx": 4 * 256, "moe.expert_in": 4 * 256 * 64,
+    "moe.expert_up": 4 * 256 * 256, "moe.expert_act": 4 * 256 * 128,
+    "moe.expert_out": 4 * 256 * 64}
+
+
+def test_keep_sees_every_unit_at_its_bytes():
+    mgr = kiln.torch.Manager(None, policy="keep", record=True)
+    loss, grads, L = one_step(mgr)
+    seen = {e[4]: (e[6], e[7]) for e in mgr.log}
+    assert set(seen) == set(UNIT_BYTES)
+    for name, want in UNIT_BYTES.items():
+        assert seen[name] == (want, True), name
+    # keep-everything's peak is every unit plus nothing else counted.
+    assert mgr.peak_bytes == sum(UNIT_BYTES.values())
+    plain_loss, plain_grads, _ = one_step(None)
+    assert torch.equal(loss, plain_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+
+
+@pytest.mark.parametrize("step", [0, 1, 2])
+def test_mixed_is_bitwise_the_plain_layer(step):
+    """Each step shifts mixed's cycle, so over three steps every unit is
+    kept, offloaded and (where it has a recipe) recomputed once."""
+    mgr = kiln.torch.Manager(None, policy="mixed")
+    mgr.step = step
+    loss, grads, _ = one_step(mgr, spikes=[(0.5, [1])])
+    plain_loss, plain_grads, _ = one_step(None, spikes=[(0.5, [1])])
+    assert torch.equal(loss, plain_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+    assert mgr.stats["offloaded"] > 0
+    assert mgr.stats["recomputed"] > 0 or step == 2
+
+
+def test_the_routers_output_is_never_recomputed():
+    mgr = kiln.torch.Manager(None, policy="mixed", record=True)
+    for step in range(3):
+        mgr.step = step
+        one_step(mgr)
+    acts = {e[8] for e in mgr.log if e[4] == "moe.probs"}
+    assert kiln.torch.RECOMPUTE not in acts and kiln.torch.OFFLOAD in acts
+    # The layer input and the dispatch's output have no recipe either.
+    for name in ("ln1.in", "moe.expert_in"):
+        assert kiln.torch.RECOMPUTE not in {e[8] for e in mgr.log if e[4] == name}
+
+
+def test_over_the_budget_is_an_out_of_memory_error_naming_the_unit():
+    # Room for every unit up to moe.expert_in, not for moe.expert_up.
+    order = list(UNIT_BYTES)
+    room = sum(UNIT_BYTES[n] for n in order[:order.index("moe.expert_up")])
+    mgr = kiln.torch.Manager(None, policy="keep", budget_bytes=room + 1)
+    with pytest.raises(kiln.torch.OutOfMemory) as e:
+        one_step(mgr)
+    assert e.value.unit == "moe.expert_up"
+    assert e.value.need_bytes == UNIT_BYTES["moe.expert_up"]
+    assert e.value.held_bytes == room and e.value.budget_bytes == room + 1
+    assert "micro-batch 0 layer 0 moe.expert_up needs 262144 bytes" in str(e.value)
+    assert isinstance(e.value, RuntimeError)
+
+
+def test_views_and_aliases_count_once():
+    """A unit saved through a view (q as [b, s, nh, d] inside the attention,
+    slices of expert_in per expert) is bound to its unit, not listed as an
+    extra; what is listed is only the documented rest."""
+    mgr = kiln.torch.Manager(None, policy="keep")
+    one_step(mgr)
+    kinds = sorted({(x[3], len(x[2])) for x in mgr.extras})
+    # The dispatch's row map (int64 [2, T*k]) and the per-row gate weights.
+    assert kinds == [("torch.float32", 1), ("torch.int64", 2)], kinds
+
+
+def test_policy_kiln_needs_a_runtime():
+    with pytest.raises(ValueError):
+        kiln.torch.Manager(None, policy="kiln")
+    with pytest.raises(ValueError):
+        kiln.torch.Manager(None, policy="fastest")
+
+
+def test_the_gpu_check_runs_on_the_cpu():
+    """bench/gpu/torch_check.sh --dry: the GPU script's code at tiny shapes."""
+    r = subprocess.run(["sh", os.path.join(ROOT, "bench", "gpu", "torch_check.sh"),
+                        os.environ["KILN_BUILD"], "--dry"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "kiln_rt_unit_bytes for 15 of 15 units" in r.stdout
+    assert "bitwise: losses and every gradient of keep and kiln EQUAL" in r.stdout
