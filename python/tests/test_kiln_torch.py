@@ -156,3 +156,30 @@ def test_the_gpu_check_runs_on_the_cpu():
     assert r.returncode == 0, r.stderr
     assert "kiln_rt_unit_bytes for 15 of 15 units" in r.stdout
     assert "bitwise: losses and every gradient of keep and kiln EQUAL" in r.stdout
+
+
+def dropout_grad(policy, rng):
+    torch.manual_seed(11)
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(2)).requires_grad_(True)
+    m = kiln.torch.Manager(None, policy=policy)
+    with m.microbatch(0):
+        with m.layer(0, x) as L:
+            # mixed at step 0: unit 1 ("drop") is recomputed, unit 2 offloaded.
+            d = L.produce("drop", torch.nn.functional.dropout, x, 0.5, True, rng=rng)
+            y = L.produce("sin", torch.sin, d)
+            z = (y * y).sum()
+            m.output(z)
+    torch.rand(100)  # the RNG moves on before the backward, as in training
+    z.backward()
+    m.end_backward(0)
+    m.check_empty()
+    return x.grad, m.stats["recomputed"]
+
+
+def test_a_recompute_replays_the_rng_state():
+    keep, _ = dropout_grad("keep", True)
+    mixed, n = dropout_grad("mixed", True)
+    assert n == 1 and torch.equal(keep, mixed)
+    # Without the replay the recompute draws another dropout mask.
+    other, n = dropout_grad("mixed", False)
+    assert n == 1 and not torch.equal(keep, other)

@@ -64,7 +64,8 @@ def storage_bytes(t):
 
 class _Recipe:
     """One op's recompute: fn(*sources) re-run under no_grad with the RNG
-    state it saw in the forward; sources are _Units or plain tensors (held).
+    state it saw in the forward (rng: CPU state, CUDA device, its state);
+    sources are _Units or plain tensors (held).
     Produces one tensor or a tuple; each unit knows its index in it."""
 
     __slots__ = ("fn", "sources", "rng", "cache")
@@ -79,8 +80,11 @@ class _Recipe:
         args = [s.get(mgr) if isinstance(s, _Unit) else s for s in self.sources]
         with torch.no_grad():
             if self.rng is not None:
-                with torch.random.fork_rng(devices=[]):
-                    torch.random.set_rng_state(self.rng)
+                cpu, dev, cuda = self.rng
+                with torch.random.fork_rng(devices=[dev] if dev is not None else []):
+                    torch.random.set_rng_state(cpu)
+                    if dev is not None:
+                        torch.cuda.set_rng_state(cuda, dev)
                     out = self.fn(*args)
             else:
                 out = self.fn(*args)
@@ -157,13 +161,19 @@ class Layer:
         """Runs fn(*sources) and names its output unit name; recompute re-runs
         fn on the same sources (units among them are brought back first). name
         may be a tuple when fn returns a tuple: one unit per output (None for an
-        output that is no unit). rng=True replays the RNG state. router=True
+        output that is no unit). rng=True replays the RNG state (the CPU's, and
+        the manager's CUDA device's when it has one). router=True
         marks the router's output: never recomputed, so that nothing in the
         backward can see other tokens per expert than the forward did (a plan
         that recomputes it has it offloaded instead: the same bytes leave the
         device, the exact values come back). Returns fn's output."""
         srcs = [self.mgr._unit_of(self, s) or s for s in sources]
-        recipe = _Recipe(fn, srcs, torch.random.get_rng_state() if rng else None)
+        state = None
+        if rng:
+            dev = self.mgr.device if self.mgr.cuda else None
+            state = (torch.random.get_rng_state(), dev,
+                     torch.cuda.get_rng_state(dev) if dev is not None else None)
+        recipe = _Recipe(fn, srcs, state)
         if router:
             recipe = None
         out = fn(*sources)
