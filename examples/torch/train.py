@@ -232,7 +232,8 @@ def worker(rank, o, port, world):
         seconds = time.perf_counter() - t0
         # Every rank's counts, summed (peaks and loads: their maxima).
         keys = ("decisions", "kept", "recomputed", "offloaded", "over_budget", "load_beyond",
-                "offloaded_bytes", "recomputed_bytes", "resident_checks")
+                "offloaded_bytes", "recomputed_bytes", "resident_checks", "router_offloads",
+                "templated_restores")
         sums = torch.tensor([mgr.stats[k] - before[k] for k in keys], dtype=torch.float64)
         dist.all_reduce(sums)
         peaks = torch.zeros(world, dtype=torch.float64)

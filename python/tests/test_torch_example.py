@@ -102,6 +102,8 @@ def test_kiln_in_budget_is_bitwise_keep_in_a_large_one(runs, plan):
         assert s["resident_checks"] == s["decisions"] == 32, s
     assert sum(s["offloaded"] for s in kiln_log) > 0
     assert sum(s["recomputed"] for s in kiln_log) > 0
+    # Reloads followed the plans' templates.
+    assert sum(s["templated_restores"] for s in kiln_log) > 0
     assert kiln_log[3]["max_load"] == 2.0 and kiln_log[10]["max_load"] == 2.0
     assert kiln_log[0]["loss"] - kiln_log[-1]["loss"] > 1.0
 

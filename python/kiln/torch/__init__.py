@@ -241,10 +241,11 @@ class Manager:
         self.log = [] if record else None
         self.stats = dict(decisions=0, kept=0, recomputed=0, offloaded=0, over_budget=0,
                           load_beyond=0, offloaded_bytes=0, recomputed_bytes=0,
-                          resident_checks=0, saved_tensors=0, router_offloads=0,
+                          resident_checks=0, saved_tensors=0, router_offloads=0, templated_restores=0,
                           decide_s=0.0)
         self._params = set()
         self._free_fn = free_bytes_fn
+        self._templates = {}  # template id -> unit indices of its reloads, in start order
         self._stream = torch.cuda.Stream(self.device) if self.cuda else None
 
     # ------------------------------------------------------------ scopes
@@ -297,8 +298,9 @@ class Manager:
 
     def output(self, y):
         """Marks y as the current layer's output: when its gradient arrives
-        (the layer's backward starts) every offloaded or dropped unit of the
-        layer is brought back, in unit order (a recompute's sources first)."""
+        (the layer's backward starts) the layer's offloaded units are
+        reloaded (in the plan's template's order); dropped ones are
+        recomputed where the backward first needs them."""
         if y.requires_grad:
             self._on_grad(y, 1, self.cur)
         return y
@@ -616,11 +618,29 @@ class Manager:
                 u.name, u.layer))
 
     def _restore_layer(self, L):
-        for u in L.units.values():
-            if u.state == "offloaded":
+        """The layer's backward starts: every offloaded unit is reloaded, in
+        the order of the plan's template (its reload tasks, in start order:
+        they overlap the other micro-batch's work there), the rest in unit
+        order. Dropped units are recomputed where the backward first unpacks
+        them, which is where the template places recomputes: just before the
+        backward chunk that reads them, so their bytes arrive last."""
+        order = []
+        plan = L.plan
+        if plan is not None and plan.template_id >= 0 and self.rt is not None:
+            order = self._templates.get(plan.template_id)
+            if order is None:
+                t = self.rt.template(plan.template_id)
+                order = [k.unit for k in t.tasks if k.chain == 1 and k.unit >= 0 and
+                         k.kind_name == "copy"]
+                self._templates[plan.template_id] = order
+            self.stats["templated_restores"] += 1
+        by_index = {u.index: u for u in L.units.values()}
+        for i in order:
+            u = by_index.get(i)
+            if u is not None and u.state == "offloaded":
                 self._restore_unit(u)
         for u in L.units.values():
-            if u.state == "dropped":
+            if u.state == "offloaded":
                 self._restore_unit(u)
 
     def _release_layer(self, mb, layer):
