@@ -91,6 +91,8 @@ def main():
     hw = yaml.safe_load(open(os.path.join(ROOT, "examples", "hardware", "h200.yaml")))
     cfg = moe.Config(desc)
     rt = kiln.runtime.Runtime(blob)
+    # The memory options as kilnc understood the description (issue 15).
+    cfg.adopt(rt.unit_names(0), rt.unit(0, "moe.perm_idx").per_row_bytes)
     torch.manual_seed(0)
     mod = moe.Layer(cfg, 0, 0, 1).to(device=dev, dtype=cfg.dtype)
     g = torch.Generator().manual_seed(7)

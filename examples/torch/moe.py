@@ -47,6 +47,31 @@ def rmsnorm(x, w, eps=1e-5):
     return RMSNormFn.apply(x, w, eps)
 
 
+class RMSNormRstdFn(torch.autograd.Function):
+    """RMSNorm that saves x, w and its fp32 reciprocal RMS per row (as
+    Transformer Engine's fused norm does: norm_saves_rstd). Returns (y, rstd)."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        r = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, w, r)
+        ctx.mark_non_differentiable(r)
+        return (x.float() * r * w.float()).to(x.dtype), r
+
+    @staticmethod
+    def backward(ctx, dy, dr):
+        x, w, r = ctx.saved_tensors
+        xn = x.float() * r
+        dw = (dy.float() * xn).reshape(-1, x.shape[-1]).sum(0)
+        g = dy.float() * w.float()
+        dx = r * (g - xn * (g * xn).mean(-1, keepdim=True))
+        return dx.to(x.dtype), dw.to(w.dtype), None
+
+
+def rmsnorm_rstd(x, w, eps=1e-5):
+    return RMSNormRstdFn.apply(x, w, eps)
+
+
 class FlashAttnFn(torch.autograd.Function):
     """Causal grouped-query attention over q [b, s, nh, d], k and v
     [b, s, nkv, d] (views of the projections' outputs). Returns the output
@@ -126,6 +151,30 @@ def wire(t):
     """t as gloo can send it: gloo in torch 1.13 has no bfloat16, so bf16
     travels as fp32 (exact both ways)."""
     return (t.float() if t.dtype == torch.bfloat16 else t).contiguous()
+
+
+class WeightedSwiGLUFn(torch.autograd.Function):
+    """up [n, 2f] and fp32 weights p [n] -> silu(gate) * up * p (prob_apply:
+    activation, Megatron's weighted SwiGLU). Saves up and p."""
+
+    @staticmethod
+    def forward(ctx, up, p):
+        ctx.save_for_backward(up, p)
+        f = up.shape[1] // 2
+        a, u = up[:, :f], up[:, f:]
+        return torch.nn.functional.silu(a) * u * p.to(up.dtype).unsqueeze(1)
+
+    @staticmethod
+    def backward(ctx, dy):
+        up, p = ctx.saved_tensors
+        f = up.shape[1] // 2
+        a, u = up[:, :f], up[:, f:]
+        sg = torch.sigmoid(a)
+        silu = a * sg
+        dz = dy * p.to(dy.dtype).unsqueeze(1)
+        da = dz * u * sg * (1 + a * (1 - sg))
+        du = dz * silu
+        return torch.cat([da, du], dim=1), (dy * silu * u).float().sum(1)
 
 
 class AllToAllFn(torch.autograd.Function):
@@ -237,9 +286,17 @@ class CrossEntropyFn(torch.autograd.Function):
 
 # ---------------------------------------------------------------- model
 
+# The units of one layer without issue 15's memory options (what kilnc
+# without them models): separate q, k and v, norms that save no statistics,
+# probabilities applied on the expert output, an int32 row map.
 UNITS = ("ln1.in", "attn.qkv_in", "attn.q", "attn.k", "attn.v", "attn.out", "attn.lse",
          "ln2.in", "moe.in", "moe.probs", "moe.perm_idx", "moe.expert_in", "moe.expert_up",
          "moe.expert_act", "moe.expert_out")
+
+# The memory options (docs/model-format.md "Memory options", issue 15), as
+# kilnc without them models the layer.
+LEGACY = {"fused_qkv": False, "norm_saves_rstd": False, "prob_apply": "expert_output",
+          "moe_permute_fusion": True}
 
 
 class Config:
@@ -258,9 +315,15 @@ class Config:
         self.experts = moe["experts"]
         self.top_k = moe["top_k"]
         self.ffn = moe["expert_ffn_hidden"]
-        # The key model.moe.prob_apply (issue 15) may not be known to this
-        # kilnc yet; expert_output is what kilnc without it models.
-        self.prob_apply = moe.get("prob_apply", "expert_output")
+        # Issue 15's memory options: what the description states (None: not
+        # stated); in force: the stated value, else what the plan's units say
+        # (adopt), else LEGACY.
+        self.stated = {"fused_qkv": m.get("fused_qkv"),
+                       "norm_saves_rstd": m.get("norm_saves_rstd"),
+                       "prob_apply": moe.get("prob_apply"),
+                       "moe_permute_fusion": p.get("moe_permute_fusion")}
+        for k, v in LEGACY.items():
+            setattr(self, k, self.stated[k] if self.stated[k] is not None else v)
         self.micro_batch = t["micro_batch"]
         self.global_batch = t["global_batch"]
         self.pp = p["pp"]
@@ -276,10 +339,10 @@ class Config:
             raise ValueError("examples/torch has SwiGLU experts only")
         if m.get("attention", "flash") != "flash":
             raise ValueError("examples/torch has flash-like attention only")
-        if self.prob_apply != "expert_output":
+        if self.prob_apply not in ("expert_output", "activation"):
             raise ValueError("model.moe.prob_apply %r: examples/torch applies the "
-                             "probabilities on the expert output (expert_output) only"
-                             % (self.prob_apply,))
+                             "probabilities on the expert output (expert_output) or inside "
+                             "the activation (activation)" % (self.prob_apply,))
         if m.get("dense_layers", 0) or moe.get("shared_experts", 0):
             raise ValueError("examples/torch has routed-expert MoE layers only")
         self.tokens = self.seq * self.micro_batch
@@ -287,6 +350,54 @@ class Config:
         self.stage_layers = self.layers // self.pp
         self.dp = self.devices // self.pp
         self.microbatches = self.global_batch // (self.micro_batch * self.dp)
+
+    def adopt(self, names, perm_row_bytes):
+        """Takes the memory options from a plan's units (names, and the row
+        map's bytes per row): kilnc decided them from the description, stated
+        or by its defaults. Raises ValueError where they contradict what the
+        description states, or name what this model cannot build."""
+        names = set(names)
+        seen = {"fused_qkv": "attn.qkv" in names,
+                "norm_saves_rstd": "ln1.rstd" in names,
+                "prob_apply": ("expert_output" if "moe.expert_out" in names else
+                               "activation" if "moe.expert_probs" in names else "combine"),
+                "moe_permute_fusion": perm_row_bytes == 4}
+        for k, v in seen.items():
+            if self.stated[k] is not None and self.stated[k] != v:
+                raise ValueError("the plan's units say %s: %s, the description %s" % (
+                    k, v, self.stated[k]))
+            setattr(self, k, v)
+        if self.prob_apply == "combine":
+            raise ValueError("the plan applies the probabilities after the combine "
+                             "(prob_apply: combine), which examples/torch does not build")
+
+    def units(self):
+        """{unit: (base bytes, bytes per routed row)} of one layer, from the
+        cost model's formulas (docs/cost-model.md "Activations") for these
+        shapes and options: e bytes per activation element, fp32 statistics
+        and probabilities, the row map int32 or int64."""
+        T, h = self.tokens, self.hidden
+        e = torch.finfo(self.dtype).bits // 8
+        qd, kvd = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        u = {"ln1.in": (e * T * h, 0), "attn.qkv_in": (e * T * h, 0),
+             "attn.out": (e * T * qd, 0), "attn.lse": (4 * self.heads * T, 0),
+             "ln2.in": (e * T * h, 0), "moe.in": (e * T * h, 0),
+             "moe.probs": (4 * T * self.experts, 0),
+             "moe.perm_idx": (0, 4 if self.moe_permute_fusion else 8),
+             "moe.expert_in": (0, e * h), "moe.expert_up": (0, e * 2 * self.ffn),
+             "moe.expert_act": (0, e * self.ffn)}
+        if self.fused_qkv:
+            u["attn.qkv"] = (e * T * (qd + 2 * kvd), 0)
+        else:
+            u.update({"attn.q": (e * T * qd, 0), "attn.k": (e * T * kvd, 0),
+                      "attn.v": (e * T * kvd, 0)})
+        if self.norm_saves_rstd:
+            u.update({"ln1.rstd": (4 * T, 0), "ln2.rstd": (4 * T, 0)})
+        if self.prob_apply == "activation":
+            u["moe.expert_probs"] = (0, 4)
+        else:
+            u["moe.expert_out"] = (0, e * h)
+        return u
 
 
 def _param(gen, shape, scale):
@@ -301,9 +412,14 @@ class Layer(torch.nn.Module):
         h, nh, nkv, d = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
         g = torch.Generator().manual_seed(seed * 1000 + layer)
         self.ln1 = torch.nn.Parameter(torch.ones(h))
-        self.wq = _param(g, (h, nh * d), h ** -0.5)
-        self.wk = _param(g, (h, nkv * d), h ** -0.5)
-        self.wv = _param(g, (h, nkv * d), h ** -0.5)
+        wq = _param(g, (h, nh * d), h ** -0.5)
+        wk = _param(g, (h, nkv * d), h ** -0.5)
+        wv = _param(g, (h, nkv * d), h ** -0.5)
+        self.fused = cfg.fused_qkv
+        if self.fused:  # one GEMM: the same weights side by side
+            self.wqkv = torch.nn.Parameter(torch.cat([wq, wk, wv], dim=1).detach())
+        else:
+            self.wq, self.wk, self.wv = wq, wk, wv
         self.wo = _param(g, (nh * d, h), (nh * d) ** -0.5)
         self.ln2 = torch.nn.Parameter(torch.ones(h))
         self.router = _param(g, (h, cfg.experts), h ** -0.5)
@@ -317,7 +433,8 @@ class Layer(torch.nn.Module):
 
     def replicated(self):
         """The parameters every EP rank of the stage holds (all but experts)."""
-        return [self.ln1, self.wq, self.wk, self.wv, self.wo, self.ln2, self.router]
+        qkv = [self.wqkv] if self.fused else [self.wq, self.wk, self.wv]
+        return [self.ln1] + qkv + [self.wo, self.ln2, self.router]
 
 
 def experts_up(x, w_up, counts):
@@ -381,22 +498,38 @@ def layer_forward(cfg, L, mod, x, group, spikes, key, pending, fixed_after):
     T, h = x.shape
     b, s = cfg.micro_batch, cfg.seq
     nh, nkv, d = cfg.heads, cfg.kv_heads, cfg.head_dim
-    qkv_in = L.produce("attn.qkv_in", rmsnorm, x, mod.ln1)
-    q = L.produce("attn.q", torch.matmul, qkv_in, mod.wq)
-    k = L.produce("attn.k", torch.matmul, qkv_in, mod.wk)
-    v = L.produce("attn.v", torch.matmul, qkv_in, mod.wv)
+    if cfg.norm_saves_rstd:
+        qkv_in, _ = L.produce(("attn.qkv_in", "ln1.rstd"), rmsnorm_rstd, x, mod.ln1)
+    else:
+        qkv_in = L.produce("attn.qkv_in", rmsnorm, x, mod.ln1)
+    if cfg.fused_qkv:
+        qkv = L.produce("attn.qkv", torch.matmul, qkv_in, mod.wqkv)
 
-    def attn(q, k, v):
-        return FlashAttnFn.apply(q.view(b, s, nh, d), k.view(b, s, nkv, d),
-                                 v.view(b, s, nkv, d))
+        def attn_fused(qkv):
+            heads = qkv.view(b, s, nh + 2 * nkv, d)  # q, k and v: views of one storage
+            return FlashAttnFn.apply(heads[:, :, :nh], heads[:, :, nh:nh + nkv],
+                                     heads[:, :, nh + nkv:])
 
-    out, _ = L.produce(("attn.out", "attn.lse"), attn, q, k, v)
+        out, _ = L.produce(("attn.out", "attn.lse"), attn_fused, qkv)
+    else:
+        q = L.produce("attn.q", torch.matmul, qkv_in, mod.wq)
+        k = L.produce("attn.k", torch.matmul, qkv_in, mod.wk)
+        v = L.produce("attn.v", torch.matmul, qkv_in, mod.wv)
+
+        def attn(q, k, v):
+            return FlashAttnFn.apply(q.view(b, s, nh, d), k.view(b, s, nkv, d),
+                                     v.view(b, s, nkv, d))
+
+        out, _ = L.produce(("attn.out", "attn.lse"), attn, q, k, v)
 
     def residual(x, out, wo):
         return x + torch.matmul(out, wo)
 
     h1 = L.produce("ln2.in", residual, x, out, mod.wo)
-    moe_in = L.produce("moe.in", rmsnorm, h1, mod.ln2)
+    if cfg.norm_saves_rstd:
+        moe_in, _ = L.produce(("moe.in", "ln2.rstd"), rmsnorm_rstd, h1, mod.ln2)
+    else:
+        moe_in = L.produce("moe.in", rmsnorm, h1, mod.ln2)
 
     def gate(m, w):
         return torch.softmax(torch.matmul(m, w).float(), dim=1)
@@ -438,16 +571,25 @@ def layer_forward(cfg, L, mod, x, group, spikes, key, pending, fixed_after):
         for e in range(LE):
             for r in range(ep):
                 idx.extend(range(start[r][e], start[r][e] + rc[r][e]))
-        return torch.tensor(idx, dtype=torch.int32, device=x.device)
+        return torch.tensor(idx, dtype=torch.int32 if cfg.moe_permute_fusion else torch.int64,
+                            device=x.device)
 
     perm = L.produce("moe.perm_idx", perm_map)
     ein = L.register("moe.expert_in", PermuteFn.apply(rrows, perm))
     w_rows = PermuteFn.apply(rw.unsqueeze(1), perm).squeeze(1)
     up = L.produce("moe.expert_up", experts_up, ein, mod.w_up, per_expert)
-    act = L.produce("moe.expert_act", SwiGLUFn.apply, up)
-    eout = L.produce("moe.expert_out", experts_down, act, mod.w_down, per_expert)
+    if cfg.prob_apply == "activation":
+        # The weights multiply inside the activation (Megatron's weighted
+        # SwiGLU): the per-row probabilities are a unit, the expert output none.
+        L.register("moe.expert_probs", w_rows)
+        act = L.produce("moe.expert_act", WeightedSwiGLUFn.apply, up, w_rows)
+        weighted = experts_down(act, mod.w_down, per_expert)
+    else:
+        act = L.produce("moe.expert_act", SwiGLUFn.apply, up)
+        eout = L.produce("moe.expert_out", experts_down, act, mod.w_down, per_expert)
+        weighted = WeightFn.apply(eout, w_rows)
 
-    back = UnpermuteFn.apply(WeightFn.apply(eout, w_rows), perm)
+    back = UnpermuteFn.apply(weighted, perm)
     ret = AllToAllFn.apply(back, recv_rows, send_rows, group)
     return h1 + CombineFn.apply(ret, routed, T)
 
@@ -469,14 +611,16 @@ class Embed(torch.nn.Module):
         self.table = _param(g, (cfg.vocab, cfg.hidden), 1.0)
 
 
-HEAD_UNITS = ("head.norm_in", "head.in", "head.logits")
+HEAD_UNITS = ("head.norm_in", "head.in", "head.logits")  # and head.final_norm.rstd
 
 
 def head_bytes(cfg):
     """The head's saved tensors per micro-batch: its norm's input and the
-    output projection's input (activation dtype), the fp32 logits."""
+    output projection's input (activation dtype), the fp32 logits, and the
+    norm's fp32 reciprocal RMS per row with norm_saves_rstd."""
     e = torch.finfo(cfg.dtype).bits // 8
-    return cfg.tokens * (2 * e * cfg.hidden + 4 * cfg.vocab)
+    rstd = 4 if cfg.norm_saves_rstd else 0  # head.final_norm.rstd
+    return cfg.tokens * (2 * e * cfg.hidden + 4 * cfg.vocab + rstd)
 
 
 def logits(h, w):

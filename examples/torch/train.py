@@ -101,6 +101,9 @@ def worker(rank, o, port, world):
     last = stage == cfg.pp - 1
     M = cfg.microbatches
 
+    problem = adopt_plan(o.plan, cfg)  # checked by main; here for the options
+    if problem:
+        raise SystemExit(problem)
     rt = kiln.runtime.Runtime(o.plan)
     layers = list(range(stage * cfg.stage_layers, (stage + 1) * cfg.stage_layers))
     mgr = kiln.torch.Manager(rt, stage=stage, budget_bytes=o.budget, policy=o.policy,
@@ -189,7 +192,11 @@ def worker(rank, o, port, world):
                     if last:
                         with mgr.layer("head") as H:
                             H.register("head.norm_in", x)
-                            hin = H.produce("head.in", moe.rmsnorm, x, head.norm)
+                            if cfg.norm_saves_rstd:
+                                hin, _ = H.produce(("head.in", "head.final_norm.rstd"),
+                                                   moe.rmsnorm_rstd, x, head.norm)
+                            else:
+                                hin = H.produce("head.in", moe.rmsnorm, x, head.norm)
                             logits = H.produce("head.logits", moe.logits, hin, head.out)
                             loss = moe.CrossEntropyFn.apply(logits, tgt, 1.0 / (M * cfg.dp))
                         del hin, logits
@@ -297,40 +304,34 @@ def entry(rank, o, port, world):
         os._exit(EXIT_INPUT)
 
 
-def check_plan(path, cfg):
-    """None when the blob at path plans this model (its layers on our
-    stages, with our units in our order and their bytes as this model
-    makes them), else what is wrong. The bytes: fp32, T tokens, N rows."""
-    import torch
+def adopt_plan(path, cfg):
+    """Reads the plan at path; cfg takes its memory options from the units
+    (Config.adopt). Returns None when the plan plans this model (its layers
+    on our stages, each with the units this model makes at their bytes),
+    else what is wrong."""
     import kiln.runtime
-    import moe
     try:
         rt = kiln.runtime.Runtime(path)
     except kiln.runtime.KilnError as e:
         return "%s: %s" % (path, e)
     with rt:
-        T, h = cfg.tokens, cfg.hidden
-        e = 4 if cfg.dtype == torch.float32 else 2
-        qd, kvd = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-        # (base, per row): docs/cost-model.md "Activations", fp32.
-        want = {"ln1.in": (e * T * h, 0), "attn.qkv_in": (e * T * h, 0),
-                "attn.q": (e * T * qd, 0), "attn.k": (e * T * kvd, 0),
-                "attn.v": (e * T * kvd, 0), "attn.out": (e * T * qd, 0),
-                "attn.lse": (4 * cfg.heads * T, 0), "ln2.in": (e * T * h, 0),
-                "moe.in": (e * T * h, 0), "moe.probs": (4 * T * cfg.experts, 0),
-                "moe.perm_idx": (0, 4), "moe.expert_in": (0, e * h),
-                "moe.expert_up": (0, e * 2 * cfg.ffn), "moe.expert_act": (0, e * cfg.ffn),
-                "moe.expert_out": (0, e * h)}
         if rt.info.n_model_layers != cfg.layers or rt.info.n_stages != cfg.pp:
             return ("%s was not compiled from this model: %d layers on %d stages, the model "
                     "has %d on %d" % (path, rt.info.n_model_layers, rt.info.n_stages,
                                       cfg.layers, cfg.pp))
+        try:
+            names = rt.unit_names(0)
+            perm = rt.unit(0, "moe.perm_idx").per_row_bytes if "moe.perm_idx" in names else 0
+            cfg.adopt(names, perm)
+        except (ValueError, KeyError) as e:
+            return "%s: %s" % (path, e)
+        want = cfg.units()
         for l in range(cfg.layers):
             li = rt.layer(l)
-            names = tuple(rt.unit_names(l))
-            if li.stage != l // cfg.stage_layers or names != moe.UNITS:
+            names = set(rt.unit_names(l))
+            if li.stage != l // cfg.stage_layers or names != set(want):
                 return ("%s was not compiled from this model: layer %d is on stage %d with "
-                        "units %s" % (path, l, li.stage, ", ".join(names)))
+                        "units %s" % (path, l, li.stage, ", ".join(rt.unit_names(l))))
             for u in rt.units(l):
                 if (u.base_bytes, u.per_row_bytes) != want[u.name]:
                     return ("%s was not compiled from this model: layer %d unit %s has %d + "
@@ -361,7 +362,7 @@ def main(argv=None):
         if not os.path.isfile(path):
             sys.stderr.write("examples/torch: %s: no such file\n" % path)
             return EXIT_INPUT
-    problem = check_plan(o.plan, cfg)
+    problem = adopt_plan(o.plan, cfg)
     if problem:
         sys.stderr.write("examples/torch: %s\n" % problem)
         return EXIT_INPUT

