@@ -20,20 +20,32 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "torch"))
 import moe  # noqa: E402
 
 
-def config():
-    # examples/torch/model.yaml's shapes with one EP rank (8 local experts).
-    desc = {"model": {"layers": 1, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 256,
-                      "seq_len": 64, "moe": {"experts": 8, "top_k": 2,
-                                             "expert_ffn_hidden": 128}},
+def config(options=None):
+    # examples/torch/model.yaml's shapes with one EP rank (8 local experts);
+    # options: issue 15's memory options, stated.
+    o = dict(options or {})
+    moe_keys = {"experts": 8, "top_k": 2, "expert_ffn_hidden": 128}
+    if "prob_apply" in o:
+        moe_keys["prob_apply"] = o.pop("prob_apply")
+    par = {"devices": 1, "pp": 1, "ep": 1}
+    if "moe_permute_fusion" in o:
+        par["moe_permute_fusion"] = o.pop("moe_permute_fusion")
+    desc = {"model": dict({"layers": 1, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 256,
+                           "seq_len": 64, "moe": moe_keys}, **o),
             "training": {"micro_batch": 2, "global_batch": 2, "dtype": "fp32"},
-            "parallel": {"devices": 1, "pp": 1, "ep": 1}}
+            "parallel": par}
     return moe.Config(desc)
 
 
-def one_step(mgr, spikes=()):
+# Every memory option away from the default of a kilnc without them.
+ISSUE15 = {"fused_qkv": True, "norm_saves_rstd": True, "prob_apply": "activation",
+           "moe_permute_fusion": False}
+
+
+def one_step(mgr, spikes=(), options=None):
     """Forward and backward of the layer for one micro-batch; returns the
     loss, every gradient and the layer scope."""
-    cfg = config()
+    cfg = config(options)
     torch.manual_seed(0)
     mod = moe.Layer(cfg, 0, 0, 1)
     x = torch.randn(cfg.tokens, cfg.hidden, generator=torch.Generator().manual_seed(3))
@@ -84,6 +96,8 @@ def test_keep_sees_every_unit_at_its_bytes():
     assert set(seen) == set(UNIT_BYTES)
     for name, want in UNIT_BYTES.items():
         assert seen[name] == (want, True), name
+    assert {n: base + per_row * 256 for n, (base, per_row) in
+            config().units().items()} == UNIT_BYTES
     # keep-everything's peak is every unit plus nothing else counted.
     assert mgr.peak_bytes == sum(UNIT_BYTES.values())
     plain_loss, plain_grads, _ = one_step(None)
@@ -185,3 +199,41 @@ def test_a_recompute_replays_the_rng_state():
     # Without the replay the recompute draws another dropout mask.
     other, n = dropout_grad("mixed", False)
     assert n == 1 and not torch.equal(keep, other)
+
+
+def test_issue15_options_see_their_units_and_stay_bitwise():
+    """fused_qkv, norm_saves_rstd, prob_apply: activation and an int64 row
+    map: the units the cost model names for them (docs/model-format.md
+    "Memory options"), at hand-worked bytes; mixed bitwise the plain layer."""
+    mgr = kiln.torch.Manager(None, policy="keep", record=True)
+    loss, grads, _ = one_step(mgr, options=ISSUE15)
+    seen = {e[4]: (e[6], e[7]) for e in mgr.log}
+    want = dict(UNIT_BYTES)
+    for name in ("attn.q", "attn.k", "attn.v", "moe.expert_out"):
+        del want[name]
+    want.update({"attn.qkv": 4 * 128 * (64 + 2 * 32),  # q, k, v side by side
+                 "ln1.rstd": 4 * 128, "ln2.rstd": 4 * 128,  # fp32 per row
+                 "moe.expert_probs": 4 * 256,  # fp32 per received row
+                 "moe.perm_idx": 8 * 256})  # int64
+    assert seen == {n: (b, True) for n, b in want.items()}
+    # Config.units, the startup check's formulas, at these 256 rows.
+    assert {n: base + per_row * 256 for n, (base, per_row) in
+            config(ISSUE15).units().items()} == want
+    # The per-row weights are a unit now, so only the row map is an extra.
+    assert sorted({(x[3], len(x[2])) for x in mgr.extras}) == [("torch.int64", 2)]
+    plain_loss, plain_grads, _ = one_step(None, options=ISSUE15)
+    assert torch.equal(loss, plain_loss)
+    for step in range(3):
+        m = kiln.torch.Manager(None, policy="mixed")
+        m.step = step
+        l2, g2, _ = one_step(m, spikes=[(0.5, [1])], options=ISSUE15)
+        pl, pg, _ = one_step(None, spikes=[(0.5, [1])], options=ISSUE15)
+        assert torch.equal(l2, pl) and all(torch.equal(a, b) for a, b in zip(g2, pg)), step
+
+
+def test_a_plan_with_other_options_than_stated_is_refused():
+    cfg = config({"fused_qkv": False})
+    with pytest.raises(ValueError, match="fused_qkv"):
+        cfg.adopt(["attn.qkv", "moe.expert_out"], 4)
+    with pytest.raises(ValueError, match="combine"):
+        config().adopt(["attn.q", "moe.perm_idx"], 4)
