@@ -113,6 +113,8 @@ bench: build
 	./$(BUILD)/bench_select
 	./$(BUILD)/bench_compile
 	sh bench/trainer.sh $(BUILD)
+	KILN_RT_LIBRARY=$(CURDIR)/$(BUILD)/libkiln_rt.so PYTHONPATH=$(CURDIR)/python \
+		$(PYTHON) bench/torch_bench.py $(BUILD)
 
 # The reported table, reproduced in the simulator (docs/results.md).
 PAPER_ITERS ?= 200
