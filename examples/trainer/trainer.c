@@ -1951,14 +1951,25 @@ int main(int argc, char **argv)
 	kiln_out *unit_out = tr->unit_out, *log_out = tr->log_out;
 	tr->unit_out = tr->log_out = NULL;
 	tr->unit_log = NULL;
+	/* Each rank commits its own files and says why one failed; then all
+	 * ranks leave together with one status (an MPI_Abort here would race
+	 * the other ranks' finalisation, which Open MPI's mpiexec does not
+	 * always survive). */
+	int failed = 0;
 	if (log_out && kiln_out_commit(log_out, stderr) != 0) {
-		kiln_out_discard(unit_out);
-		fail(EXIT_INPUT, "the log %s was not written", tr->opt.log);
+		fprintf(stderr, "kiln-trainer: rank 0: the log %s was not written\n", tr->opt.log);
+		failed = 1;
 	}
-	if (unit_out && kiln_out_commit(unit_out, stderr) != 0)
-		fail(EXIT_INPUT, "the unit log %s was not written", unit_path);
-	if (tr->ci.rank == 0 && kiln_out_stdout_finish("kiln-trainer", stderr) != 0)
-		fail(EXIT_INPUT, "the standard output was not written");
+	if (unit_out && kiln_out_commit(unit_out, stderr) != 0) {
+		fprintf(stderr, "kiln-trainer: rank %d: the unit log %s was not written\n",
+		        tr->ci.rank, unit_path);
+		failed = 1;
+	}
+	if (tr->ci.rank == 0 && kiln_out_stdout_finish("kiln-trainer", stderr) != 0) {
+		fprintf(stderr, "kiln-trainer: rank 0: the standard output was not written\n");
+		failed = 1;
+	}
+	failed = tr_comm_max(tr->comm, failed) > 0;
 	finish(tr);
-	return EXIT_OK;
+	return failed ? EXIT_INPUT : EXIT_OK;
 }
