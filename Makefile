@@ -19,7 +19,7 @@ FUZZ_CC      ?= clang-14
 FUZZ_SECONDS ?= 30
 
 .PHONY: all deps build build-asan build-fuzz run check test test-plain test-asan fuzz \
-	fuzz-seeds fuzz-blob fuzz-yaml test-python bench paper clean
+	fuzz-seeds fuzz-blob fuzz-yaml test-python bench paper calibrate clean
 
 all: build
 
@@ -65,7 +65,7 @@ test: test-plain test-python test-asan fuzz
 test-python: build
 	@echo "== tests (Python, $(PYTHON))"
 	KILN_BUILD=$(CURDIR)/$(BUILD) KILN_RT_LIBRARY=$(CURDIR)/$(BUILD)/libkiln_rt.so \
-		PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
+		KILN_KILNC=$(CURDIR)/$(BUILD)/kilnc PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 # Both tiers name the full one, whatever KILN_TEST_TIER the shell exports.
 test-plain: build
@@ -113,11 +113,20 @@ bench: build
 	./$(BUILD)/bench_select
 	./$(BUILD)/bench_compile
 	sh bench/trainer.sh $(BUILD)
+	KILN_RT_LIBRARY=$(CURDIR)/$(BUILD)/libkiln_rt.so PYTHONPATH=$(CURDIR)/python \
+		$(PYTHON) bench/torch_bench.py $(BUILD)
 
 # The reported table, reproduced in the simulator (docs/results.md).
 PAPER_ITERS ?= 200
 paper: build
 	./$(BUILD)/bench_paper $(PAPER_ITERS)
+
+# The step-time model against measured Megatron-Core runs (docs/calibration.md):
+# predicted against measured step or layer time, their ratio, and FLOPs per
+# token against the published figure. `./build/calibrate --fit` refits the
+# profile's time_* figures.
+calibrate: build
+	./$(BUILD)/calibrate
 
 clean:
 	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ)

@@ -113,6 +113,50 @@ void kiln_report_check(const kiln_ir_graph *g, FILE *out)
 	if (m->schedule == KILN_SCHED_INTERLEAVED)
 		fprintf(out, " (vpp %lld)", (long long)m->vpp);
 	fputc('\n', out);
+	/* The measured-run keys (issue 15), when the description states any. */
+	const kiln_megatron *mg = &m->megatron;
+	if (m->dispatcher != KILN_DISPATCH_ALLTOALL || m->overlap_ep_comm ||
+	    m->account_for_embedding || m->account_for_loss ||
+	    mg->recompute != KILN_RECOMPUTE_NONE || mg->offload_modules ||
+	    mg->capacity_factor > 0 || mg->force_load_balancing || mg->mtp_num_layers) {
+		static const char *const dispatchers[] = {"alltoall", "deepep", "hybridep"};
+		fprintf(out, "  megatron  dispatcher %s%s%s%s", dispatchers[m->dispatcher],
+		        m->overlap_ep_comm ? ", EP overlap" : "",
+		        m->account_for_embedding ? ", embedding counted in the split" : "",
+		        m->account_for_loss ? ", loss counted in the split" : "");
+		if (mg->recompute == KILN_RECOMPUTE_FULL)
+			fprintf(out, ", full recompute");
+		if (mg->recompute == KILN_RECOMPUTE_SELECTIVE) {
+			static const char *const mods[] = {
+#define X(id, name) name,
+			    KILN_MEGATRON_RECOMPUTE_MODULES(X)
+#undef X
+			};
+			fprintf(out, ", recompute");
+			for (int i = 0; i < KILN_MRC_COUNT; i++)
+				if (mg->recompute_modules & (1u << i))
+					fprintf(out, " %s", mods[i]);
+		}
+		if (mg->offload_modules) {
+			static const char *const offs[] = {
+#define X(id, name) name,
+			    KILN_MEGATRON_OFFLOAD_MODULES(X)
+#undef X
+			};
+			fprintf(out, ", offload");
+			for (int i = 0; i < KILN_MOF_COUNT; i++)
+				if (mg->offload_modules & (1u << i))
+					fprintf(out, " %s", offs[i]);
+		}
+		if (mg->capacity_factor > 0)
+			fprintf(out, ", capacity factor %g%s", mg->capacity_factor,
+			        mg->pad_to_capacity ? " (padded)" : "");
+		if (mg->force_load_balancing)
+			fprintf(out, ", forced balance");
+		if (mg->mtp_num_layers)
+			fprintf(out, ", %lld MTP layers", (long long)mg->mtp_num_layers);
+		fputc('\n', out);
+	}
 	fprintf(out, "  stages    layers per stage:");
 	for (int32_t s = 0; s < g->n_stages; s++) {
 		int n = 0;
@@ -184,13 +228,28 @@ void kiln_report_text(const kiln_ir_graph *g, FILE *out)
 	else
 		fprintf(out, "every stage keeps every activation through a %.3gx spike.\n", rmax);
 
-	kiln_cost_iteration it;
-	kiln_cost_iteration_estimate(g, 1.0, &it);
+	/* The step-time model calibrated against measured runs (costmodel/step.c);
+	 * the per-stage columns above are the planner's per-op costs. */
+	kiln_cost_step it;
+	double run_r = kiln_cost_step_run_load(m);
+	kiln_cost_step_estimate(g, run_r, NULL, &it);
+	char load_note[64];
+	if (run_r == 1.0)
+		snprintf(load_note, sizeof load_note, "balanced load");
+	else
+		snprintf(load_note, sizeof load_note, "busiest EP rank at %.3gx", run_r);
 	fprintf(out,
-	        "\niteration (everything kept, balanced load): %.3f s, %.4g tokens/s, MFU %.1f%%, "
+	        "\niteration (everything kept, %s): %.3f s, %.4g tokens/s, MFU %.1f%%, "
 	        "bubble %.1f%%, slowest stage %d\n",
-	        it.iteration_s, it.tokens_per_s, 100.0 * it.mfu, 100.0 * it.bubble_fraction,
-	        it.slowest_stage);
+	        load_note, it.iteration_s, it.tokens_per_s, 100.0 * it.mfu,
+	        100.0 * it.bubble_fraction, it.slowest_stage);
+	fprintf(out,
+	        "  step model: slowest stage %.2f + %.2f ms per micro-batch (fwd + bwd%s), EP "
+	        "all-to-all %.2f ms%s, %.4g GFLOP/token (Megatron's count)\n",
+	        it.stage_fwd_us / 1e3, it.stage_bwd_us / 1e3,
+	        m->megatron.recompute != KILN_RECOMPUTE_NONE ? " with the recipe's recompute" : "",
+	        it.a2a_us / 1e3, m->overlap_ep_comm && m->ep > 1 ? " (overlapped)" : "",
+	        kiln_cost_model_flops_per_token(m) / 1e9);
 }
 
 kiln_json *kiln_report_json(const kiln_ir_graph *g)
@@ -256,14 +315,30 @@ kiln_json *kiln_report_json(const kiln_ir_graph *g)
 		kiln_json_add_number(tu, "backward", r.bwd_us);
 	}
 
-	kiln_cost_iteration it;
-	kiln_cost_iteration_estimate(g, 1.0, &it);
+	kiln_cost_step it;
+	double run_r = kiln_cost_step_run_load(m);
+	kiln_cost_step_estimate(g, run_r, NULL, &it);
 	kiln_json *itj = kiln_json_add_object(root, "iteration");
 	kiln_json_add_number(itj, "seconds", it.iteration_s);
 	kiln_json_add_number(itj, "tokens_per_second", it.tokens_per_s);
 	kiln_json_add_number(itj, "model_flops", it.model_flops);
+	kiln_json_add_number(itj, "model_flops_per_token", kiln_cost_model_flops_per_token(m));
+	kiln_json_add_number(itj, "load_factor", run_r);
 	kiln_json_add_number(itj, "mfu", it.mfu);
 	kiln_json_add_number(itj, "bubble_fraction", it.bubble_fraction);
 	kiln_json_add_i64(itj, "slowest_stage", it.slowest_stage);
+	kiln_json *sm = kiln_json_add_object(itj, "step_model_us");
+	kiln_json_add_number(sm, "stage_forward", it.stage_fwd_us);
+	kiln_json_add_number(sm, "stage_backward", it.stage_bwd_us);
+	kiln_json_add_number(sm, "ep_all_to_all", it.a2a_us);
+	kiln_json_add_number(sm, "pp_send", it.p2p_us);
+	kiln_json_add_number(sm, "dp_exposed", it.dp_exposed_us);
+	kiln_json_add_number(sm, "optimizer", it.optimizer_us);
+	kiln_json *lay = kiln_json_add_object(par, "megatron_layout");
+	static const char *const dispatchers[] = {"alltoall", "deepep", "hybridep"};
+	kiln_json_add_string(lay, "dispatcher", dispatchers[m->dispatcher]);
+	kiln_json_add_bool(lay, "overlap_ep_comm", m->overlap_ep_comm);
+	kiln_json_add_bool(lay, "account_for_embedding", m->account_for_embedding);
+	kiln_json_add_bool(lay, "account_for_loss", m->account_for_loss);
 	return root;
 }

@@ -44,6 +44,18 @@ double kiln_cost_stage_activation_bytes(const kiln_ir_graph *g, int32_t stage, d
  * in units of whole-stage micro-batches (fractional under interleaving). */
 double kiln_cost_stage_inflight(const kiln_ir_graph *g, int32_t stage);
 
+/* flops.c */
+
+/* Model FLOPs per token (forward and backward, at model.seq_len) as
+ * Megatron-LM's num_floating_point_operations counts them; a training step
+ * does global_batch * seq_len times this. docs/cost-model.md, "Model FLOPs". */
+double kiln_cost_model_flops_per_token(const kiln_model *m);
+/* The same; causal_halved false counts the whole score matrix, as
+ * Megatron-LM did before core 0.12 (training.py at core_r0.9.0, line 132). */
+double kiln_cost_model_flops_per_token_ex(const kiln_model *m, bool causal_halved);
+/* The vocabulary padded as Megatron pads it: up to a multiple of 128 * tp. */
+double kiln_cost_padded_vocab(const kiln_model *m);
+
 /* time.c */
 
 /* Time of one op for one micro-batch at local expert load n. */
@@ -56,7 +68,7 @@ void kiln_cost_stage_time(const kiln_ir_graph *g, int32_t stage, double r, doubl
 typedef struct kiln_cost_iteration {
 	double iteration_s;     /* one optimizer step */
 	double tokens_per_s;    /* whole job */
-	double model_flops;     /* per iteration, whole job, recompute excluded */
+	double model_flops;     /* per iteration, whole job, as Megatron counts them (flops.c) */
 	double mfu;             /* model_flops / (iteration_s * devices * peak) */
 	double bubble_fraction; /* pipeline idle share of the iteration */
 	int32_t slowest_stage;
@@ -64,6 +76,74 @@ typedef struct kiln_cost_iteration {
 
 /* Iteration estimate with everything kept at load factor r. */
 void kiln_cost_iteration_estimate(const kiln_ir_graph *g, double r, kiln_cost_iteration *out);
+
+/* step.c: the step-time model of `kilnc report`, calibrated against measured
+ * Megatron-Core runs (docs/cost-model.md "Step time", docs/calibration.md).
+ * The planner and the simulator keep time.c's per-op costs. */
+
+/* The fitted efficiencies (the hardware profile's time_* figures). */
+typedef struct kiln_cost_step_params {
+	double gemm_efficiency;       /* a large GEMM's share of peak */
+	double gemm_half_rows;        /* rows at which a GEMM runs at half of that */
+	double attention_efficiency;  /* flash attention's share of peak (causal work) */
+	double comm_efficiency;       /* collectives' share of the NVLink bandwidth */
+	double inter_node_efficiency; /* and of the inter-node links' */
+	double kernel_floor_us;       /* least time of a memory-bound kernel */
+	double host_layer_us;         /* host time to issue one layer's forward and backward */
+} kiln_cost_step_params;
+
+/* The profile's figures, its defaults applied (ir.h, kiln_hardware). */
+void kiln_cost_step_params_of(const kiln_hardware *hw, kiln_cost_step_params *out);
+
+/* Time of one op for one micro-batch at local expert load n (p borrowed). */
+double kiln_cost_step_op_us(const kiln_ir_graph *g, const kiln_ir_op *op, double n,
+                            const kiln_cost_step_params *p);
+
+typedef struct kiln_cost_step_layer_time {
+	double fwd_us, bwd_us;         /* the layer's forward and backward ops */
+	double fwd_a2a_us, bwd_a2a_us; /* their EP all-to-all part */
+	double moe_fwd_us, moe_bwd_us; /* the MoE block alone: router to combine, shared experts */
+	double recompute_us;           /* forward work the recipe recomputes in backward */
+	double recompute_a2a_us;       /* its all-to-all part */
+} kiln_cost_step_layer_time;
+
+/* One layer at load factor r; full_recompute: the recipe recomputes the
+ * whole layer (else its selective modules, if any). */
+void kiln_cost_step_layer(const kiln_ir_graph *g, int32_t layer, double r,
+                          const kiln_cost_step_params *p, bool full_recompute,
+                          kiln_cost_step_layer_time *out);
+
+typedef struct kiln_cost_step {
+	double iteration_s;  /* one optimizer step */
+	double tokens_per_s; /* whole job */
+	double model_flops;  /* per step, whole job, as Megatron counts them */
+	double mfu;
+	double bubble_fraction; /* fill and drain share of the step */
+	int32_t slowest_stage;
+	double stage_fwd_us,
+	    stage_bwd_us;     /* the slowest stage, one micro-batch (bwd with recompute) */
+	double a2a_us;        /* the most EP all-to-all time of a stage per micro-batch */
+	double p2p_us;        /* one stage boundary's send per micro-batch */
+	double dp_exposed_us; /* gradient reduce-scatter / parameter all-gather not hidden */
+	double optimizer_us;  /* the optimizer step */
+} kiln_cost_step;
+
+/* The busiest EP rank's load factor in a run as its description states
+ * it: 1 for forced balance (or no EP), the capacity factor when experts are
+ * padded to it (at most it when not), and KILN_COST_NATURAL_PEAK for
+ * dropless natural routing. */
+double kiln_cost_step_run_load(const kiln_model *m);
+/* Dropless natural routing: the busiest EP rank's load factor in a calm
+ * iteration, the mean of the reference report's measured distribution as
+ * kiln's paper load profile reproduces it (DESIGN.md section 1: 97.1% of
+ * iterations below 1.2x; sim/loads.c, tests/test_loads.c paper_statistics:
+ * mean calm maximum 1.100). */
+#define KILN_COST_NATURAL_PEAK 1.10
+
+/* A step with everything kept at load factor r, the recipe's recompute
+ * priced; p borrowed, NULL for the profile's own figures. */
+void kiln_cost_step_estimate(const kiln_ir_graph *g, double r, const kiln_cost_step_params *p,
+                             kiln_cost_step *out);
 
 /* report.c-facing summary: one stage at r = 1 and r = max_factor. */
 typedef struct kiln_cost_stage_summary {

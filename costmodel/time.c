@@ -74,20 +74,12 @@ void kiln_cost_iteration_estimate(const kiln_ir_graph *g, double r, kiln_cost_it
 	const kiln_model *m = g->model;
 	double worst_us = 0;
 	int32_t slowest = 0;
-	double fwd_flops = 0; /* one micro-batch, all stages, one device each */
 	for (int32_t s = 0; s < g->n_stages; s++) {
 		double f, b;
 		kiln_cost_stage_time(g, s, r, &f, &b);
 		if (f + b > worst_us) {
 			worst_us = f + b;
 			slowest = s;
-		}
-		const kiln_ir_stage *st = &g->stages[s];
-		for (int32_t l = st->layer_begin; l < st->layer_end; l++) {
-			const kiln_ir_layer *ly = &g->layers[l];
-			for (int32_t o = ly->op_begin; o < ly->op_end; o++)
-				if (!g->ops[o].backward)
-					fwd_flops += kiln_linf_at(g->ops[o].flops, ly->n_balanced);
 		}
 	}
 	double mb = (double)m->micro_batches, p = (double)m->pp;
@@ -96,7 +88,10 @@ void kiln_cost_iteration_estimate(const kiln_ir_graph *g, double r, kiln_cost_it
 	kiln_cost_iteration it;
 	it.iteration_s = (mb + bubble) * worst_us * 1e-6;
 	it.bubble_fraction = mb + bubble > 0 ? bubble / (mb + bubble) : 0;
-	it.model_flops = 3.0 * fwd_flops * (double)(m->tp * m->dp) * mb;
+	/* As Megatron counts them (flops.c), so that MFU compares with
+	 * published runs. */
+	it.model_flops =
+	    kiln_cost_model_flops_per_token(m) * (double)m->global_batch * (double)m->seq_len;
 	it.slowest_stage = slowest;
 	if (it.iteration_s > 0) {
 		it.tokens_per_s = (double)m->global_batch * (double)m->seq_len / it.iteration_s;

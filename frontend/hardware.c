@@ -100,8 +100,51 @@ static bool hw_from_fields(kiln_fe_ctx *c, kiln_fe_field *f, bool in_file,
 		              mem->f);
 		ok = false;
 	}
+	/* issue 15, item 2: the step-time model's optional fitted figures. */
+	static const struct {
+		kiln_fe_field_id id;
+		double lo, hi;
+	} fitted[] = {
+	    {KILN_FE_F_TIME_GEMM_EFFICIENCY, 1e-3, 1},
+	    {KILN_FE_F_TIME_GEMM_HALF_ROWS, 0, 1e7},
+	    {KILN_FE_F_TIME_ATTENTION_EFFICIENCY, 1e-3, 1},
+	    {KILN_FE_F_TIME_COMM_EFFICIENCY, 1e-3, 1},
+	    {KILN_FE_F_TIME_INTER_NODE_EFFICIENCY, 1e-3, 1},
+	    {KILN_FE_F_TIME_KERNEL_FLOOR_US, 0, 1e6},
+	    {KILN_FE_F_TIME_HOST_LAYER_US, 0, 1e6},
+	};
+	for (size_t i = 0; i < sizeof(fitted) / sizeof(fitted[0]); i++) {
+		kiln_fe_field *x = &f[fitted[i].id];
+		if (x->state == KILN_FE_BAD)
+			ok = false;
+		if (x->state == KILN_FE_SET && !(x->f >= fitted[i].lo && x->f <= fitted[i].hi)) {
+			kiln_fe_error(
+			    c, x->value->line, x->value->col, "%s (%g) is out of range [%g, %g]",
+			    kiln_fe_field_key(fitted[i].id), x->f, fitted[i].lo, fitted[i].hi);
+			ok = false;
+		}
+	}
 	if (!ok)
 		return false;
+	kiln_fe_field *tg = &f[KILN_FE_F_TIME_GEMM_EFFICIENCY],
+	              *ta = &f[KILN_FE_F_TIME_ATTENTION_EFFICIENCY];
+	kiln_fe_field *tc = &f[KILN_FE_F_TIME_COMM_EFFICIENCY];
+	out->time_gemm_efficiency = tg->state == KILN_FE_SET ? tg->f : eff->f;
+	out->time_gemm_half_rows = f[KILN_FE_F_TIME_GEMM_HALF_ROWS].state == KILN_FE_SET
+	                               ? f[KILN_FE_F_TIME_GEMM_HALF_ROWS].f
+	                               : 0;
+	out->time_attention_efficiency = ta->state == KILN_FE_SET ? ta->f : eff->f;
+	out->time_comm_efficiency = tc->state == KILN_FE_SET ? tc->f : 1;
+	out->time_inter_node_efficiency =
+	    f[KILN_FE_F_TIME_INTER_NODE_EFFICIENCY].state == KILN_FE_SET
+	        ? f[KILN_FE_F_TIME_INTER_NODE_EFFICIENCY].f
+	        : out->time_comm_efficiency;
+	out->time_kernel_floor_us = f[KILN_FE_F_TIME_KERNEL_FLOOR_US].state == KILN_FE_SET
+	                                ? f[KILN_FE_F_TIME_KERNEL_FLOOR_US].f
+	                                : 0;
+	out->time_host_layer_us = f[KILN_FE_F_TIME_HOST_LAYER_US].state == KILN_FE_SET
+	                              ? f[KILN_FE_F_TIME_HOST_LAYER_US].f
+	                              : 0;
 	out->name = name->state == KILN_FE_SET ? name->s : "inline";
 	out->source = source;
 	out->memory_gib = mem->f;

@@ -122,6 +122,7 @@ typedef enum {
 	KILN_FE_S_TRAINING,
 	KILN_FE_S_PARALLEL,
 	KILN_FE_S_LOAD,
+	KILN_FE_S_MEGATRON,
 	KILN_FE_S_HW,
 	KILN_FE_S_COUNT
 } kiln_fe_section;

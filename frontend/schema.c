@@ -20,8 +20,9 @@ static const field_spec specs[KILN_FE_F_COUNT] = {
 #undef X
 };
 
-static const char *const section_names[KILN_FE_S_COUNT] = {
-    "the top level", "model", "model.mla", "model.moe", "training", "parallel", "load", "hardware"};
+static const char *const section_names[KILN_FE_S_COUNT] = {"the top level", "model",    "model.mla",
+                                                           "model.moe",     "training", "parallel",
+                                                           "load",          "megatron", "hardware"};
 
 const char *kiln_fe_field_key(kiln_fe_field_id id)
 {

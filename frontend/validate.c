@@ -57,6 +57,8 @@ static const kiln_fe_node *section_node(const vctx *v, kiln_fe_section s)
 		return FLD(PARALLEL)->key;
 	case KILN_FE_S_LOAD:
 		return FLD(LOAD)->key;
+	case KILN_FE_S_MEGATRON:
+		return FLD(MEGATRON)->key;
 	default:
 		return v->root;
 	}
@@ -249,6 +251,272 @@ typedef struct derived {
 	int64_t *stage_layers; /* chunks entries when chunks_ok and set */
 } derived;
 
+/* ---- issue 15, item 2: Megatron's pipeline layout flags and the megatron:
+ * section (docs/model-format.md). */
+
+/* The split Megatron-Core makes from --decoder-first/last-pipeline-num-layers
+ * or --account-for-embedding/loss-in-pipeline-split
+ * (megatron/core/transformer/transformer_block.py, get_num_layers_to_build,
+ * lines 103-198 at d98e8a64dd; the checks in transformer_config.py lines
+ * 2229-2330): true when one of those keys is set, with d->stage_layers
+ * filled or an error reported; false when none is set (the default split
+ * applies). Chunk c runs on stage c % pp as its virtual stage c / pp. */
+static bool megatron_split(vctx *v, derived *d)
+{
+	kiln_fe_field *fs = FLD(FIRST_STAGE_LAYERS), *ls = FLD(LAST_STAGE_LAYERS);
+	kiln_fe_field *ae = FLD(ACCOUNT_FOR_EMBEDDING), *al = FLD(ACCOUNT_FOR_LOSS);
+	bool uneven = fs->state == KILN_FE_SET || ls->state == KILN_FE_SET;
+	bool account = (ae->state == KILN_FE_SET && ae->b) || (al->state == KILN_FE_SET && al->b);
+	if (fs->state == KILN_FE_BAD || ls->state == KILN_FE_BAD || ae->state == KILN_FE_BAD ||
+	    al->state == KILN_FE_BAD)
+		return true;
+	if (!uneven && !account)
+		return false;
+	char msg[320];
+	const kiln_fe_node *at = uneven
+	                             ? (fs->value ? fs->value : ls->value)
+	                             : (ae->state == KILN_FE_SET && ae->b ? ae->value : al->value);
+	if (uneven && account) {
+		rule_error(v, at,
+		           uneven ? (fs->value ? KILN_FE_F_FIRST_STAGE_LAYERS
+		                               : KILN_FE_F_LAST_STAGE_LAYERS)
+		                  : KILN_FE_F_ACCOUNT_FOR_EMBEDDING,
+		           "first_stage_layers / last_stage_layers cannot be combined with "
+		           "account_for_embedding / account_for_loss (Megatron-Core refuses the "
+		           "combination too)");
+		return true;
+	}
+	int64_t pp = VAL(PP), vpp = VAL(VPP), layers = VAL(LAYERS);
+	int64_t per_rank[3]; /* first, middle, last pipeline rank */
+	if (uneven) {
+		int64_t rest = layers, left = pp;
+		const kiln_fe_field *both[2] = {fs, ls};
+		for (int k = 0; k < 2; k++) {
+			const kiln_fe_field *f = both[k];
+			if (f->state != KILN_FE_SET)
+				continue;
+			if (f->i % vpp != 0) {
+				snprintf(msg, sizeof msg,
+				         "%s (%lld) must be divisible by vpp (%lld): each of the "
+				         "stage's "
+				         "model chunks holds the same number of layers",
+				         k ? "last_stage_layers" : "first_stage_layers",
+				         (long long)f->i, (long long)vpp);
+				rule_error(v, f->value,
+				           k ? KILN_FE_F_LAST_STAGE_LAYERS
+				             : KILN_FE_F_FIRST_STAGE_LAYERS,
+				           msg);
+				return true;
+			}
+			rest -= f->i;
+			left -= 1;
+		}
+		if (left < 0 || (pp == 1)) {
+			rule_error(v, at,
+			           fs->value ? KILN_FE_F_FIRST_STAGE_LAYERS
+			                     : KILN_FE_F_LAST_STAGE_LAYERS,
+			           "first_stage_layers and last_stage_layers need pp >= 2 (pp >= 2 "
+			           "distinct first and last stages)");
+			return true;
+		}
+		if (rest < 0 || (left == 0 && rest != 0) || (left > 0 && rest < left * vpp) ||
+		    (left > 0 && rest % (left * vpp) != 0)) {
+			snprintf(
+			    msg, sizeof msg,
+			    "first_stage_layers and last_stage_layers leave %lld of the %lld "
+			    "layers "
+			    "for %lld other stages of %lld chunks each; that must be a positive "
+			    "multiple of %lld (Megatron-Core's uneven split)",
+			    (long long)rest, (long long)layers, (long long)left, (long long)vpp,
+			    (long long)(left > 0 ? left * vpp : 1));
+			rule_error(v, at,
+			           fs->value ? KILN_FE_F_FIRST_STAGE_LAYERS
+			                     : KILN_FE_F_LAST_STAGE_LAYERS,
+			           msg);
+			return true;
+		}
+		int64_t mid = left > 0 ? rest / left : 0;
+		per_rank[0] = fs->state == KILN_FE_SET ? fs->i : mid;
+		per_rank[1] = mid;
+		per_rank[2] = ls->state == KILN_FE_SET ? ls->i : mid;
+	} else {
+		int64_t e = ae->state == KILN_FE_SET && ae->b,
+		        l = al->state == KILN_FE_SET && al->b;
+		int64_t total = layers + e + l;
+		if (total % (pp * vpp) != 0) {
+			snprintf(
+			    msg, sizeof msg,
+			    "with account_for_embedding / account_for_loss, layers + %lld = %lld "
+			    "must be divisible by pp * vpp = %lld",
+			    (long long)(e + l), (long long)total, (long long)(pp * vpp));
+			rule_error(v, at,
+			           e ? KILN_FE_F_ACCOUNT_FOR_EMBEDDING : KILN_FE_F_ACCOUNT_FOR_LOSS,
+			           msg);
+			return true;
+		}
+		per_rank[0] = per_rank[1] = per_rank[2] = total / pp;
+	}
+	int64_t n = d->chunks;
+	d->stage_layers = kiln_arena_alloc(v->c->a, (size_t)n * sizeof(int64_t));
+	if (!d->stage_layers) {
+		kiln_fe_oom(v->c);
+		return true;
+	}
+	for (int64_t c = 0; c < n; c++) {
+		int64_t s = c % pp;
+		d->stage_layers[c] = per_rank[s == 0 ? 0 : s == pp - 1 ? 2 : 1] / vpp;
+	}
+	if (!uneven) {
+		/* The embedding and the loss fill one layer's place in the first and
+		 * the last chunk. */
+		if (ae->state == KILN_FE_SET && ae->b)
+			d->stage_layers[0] -= 1;
+		if (al->state == KILN_FE_SET && al->b)
+			d->stage_layers[n - 1] -= 1;
+		if (d->stage_layers[0] < 0 || d->stage_layers[n - 1] < 0 ||
+		    (n == 1 && d->stage_layers[0] < 0)) {
+			rule_error(
+			    v, at, KILN_FE_F_ACCOUNT_FOR_EMBEDDING,
+			    "account_for_embedding / account_for_loss leave a chunk with fewer "
+			    "than zero layers");
+			d->stage_layers = NULL;
+			return true;
+		}
+		if (n == 1 && d->stage_layers[0] == 0) {
+			rule_error(
+			    v, at, KILN_FE_F_ACCOUNT_FOR_EMBEDDING,
+			    "account_for_embedding / account_for_loss leave no transformer layer");
+			d->stage_layers = NULL;
+		}
+	}
+	return true;
+}
+
+/* An item of a module list: one of names[0..n-1]; sets its bit in *bits. */
+static void module_item(vctx *v, const kiln_fe_node *it, const char *key, const char *const *names,
+                        size_t n, uint32_t *bits, bool *ok)
+{
+	if (it->kind == KILN_FE_SCALAR && !it->broken) {
+		for (size_t i = 0; i < n; i++)
+			if (strlen(names[i]) == it->len &&
+			    memcmp(names[i], it->text, it->len) == 0) {
+				*bits |= 1u << i;
+				return;
+			}
+	}
+	*ok = false;
+	if (it->broken)
+		return;
+	const char *hint =
+	    it->kind == KILN_FE_SCALAR ? kiln_fe_suggest(it->text, it->len, names, n) : NULL;
+	char list[256];
+	size_t o = 0;
+	for (size_t i = 0; i < n && o + 24 < sizeof list; i++)
+		o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", i ? ", " : "", names[i]);
+	kiln_fe_diag *dg = kiln_fe_error(
+	    v->c, it->line, it->col, "%s entries must be Megatron-Core module names (%s); got %s",
+	    key, list, kiln_fe_node_describe(v->c, it));
+	if (hint)
+		kiln_fe_note_at(v->c, dg, it->line, it->col, "did you mean '%s'?", hint);
+}
+
+static const char *const recompute_names[] = {
+#define X(id, name) name,
+    KILN_MEGATRON_RECOMPUTE_MODULES(X)
+#undef X
+};
+static const char *const offload_names[] = {
+#define X(id, name) name,
+    KILN_MEGATRON_OFFLOAD_MODULES(X)
+#undef X
+};
+
+/* The megatron: section's rules, as Megatron-Core checks them
+ * (transformer_config.py __post_init__: recompute at lines 1900-2030,
+ * fine-grained offloading at 2125-2160, capacity and padding in the MoE
+ * checks), and its values into out. */
+static void check_megatron(vctx *v, kiln_megatron *out)
+{
+	memset(out, 0, sizeof(*out));
+	kiln_fe_field *gr = FLD(RECOMPUTE_GRANULARITY), *me = FLD(RECOMPUTE_METHOD);
+	kiln_fe_field *nl = FLD(RECOMPUTE_NUM_LAYERS), *rm = FLD(RECOMPUTE_MODULES);
+	kiln_fe_field *om = FLD(OFFLOAD_MODULES), *cf = FLD(MOE_EXPERT_CAPACITY_FACTOR);
+	kiln_fe_field *pad = FLD(MOE_PAD_EXPERT_INPUT_TO_CAPACITY);
+	kiln_fe_field *fb = FLD(MOE_ROUTER_FORCE_LOAD_BALANCING), *mtp = FLD(MTP_NUM_LAYERS);
+	bool full = gr->state == KILN_FE_SET && gr->i == 1;
+	bool selective = gr->state == KILN_FE_SET && gr->i == 0;
+	out->recompute = full        ? KILN_RECOMPUTE_FULL
+	                 : selective ? KILN_RECOMPUTE_SELECTIVE
+	                             : KILN_RECOMPUTE_NONE;
+	if (me->state == KILN_FE_SET && !full)
+		rule_error(v, me->value, KILN_FE_F_RECOMPUTE_METHOD,
+		           "recompute_method needs recompute_granularity: full");
+	if (nl->state == KILN_FE_SET && !full)
+		rule_error(v, nl->value, KILN_FE_F_RECOMPUTE_NUM_LAYERS,
+		           "recompute_num_layers needs recompute_granularity: full (Megatron-Core: "
+		           "it must be None for selective recompute)");
+	if (me->state == KILN_FE_SET)
+		out->recompute_method = (kiln_recompute_method)me->i;
+	if (nl->state == KILN_FE_SET)
+		out->recompute_num_layers = nl->i;
+	if (full && me->state == KILN_FE_ABSENT && nl->state == KILN_FE_SET)
+		rule_error(v, nl->value, KILN_FE_F_RECOMPUTE_NUM_LAYERS,
+		           "recompute_num_layers needs recompute_method (uniform or block)");
+	if (rm->state == KILN_FE_SET) {
+		if (!selective)
+			rule_error(v, rm->value, KILN_FE_F_RECOMPUTE_MODULES,
+			           "recompute_modules needs recompute_granularity: selective");
+		bool ok = true;
+		for (size_t i = 0; i < rm->value->n; i++)
+			module_item(v, rm->value->items[i], "recompute_modules", recompute_names,
+			            KILN_MRC_COUNT, &out->recompute_modules, &ok);
+		if (!ok)
+			rm->state = KILN_FE_BAD;
+	} else if (selective) {
+		out->recompute_modules = KILN_MRC(CORE_ATTN); /* Megatron-Core's default */
+	}
+	if (selective && (out->recompute_modules & KILN_MRC(MLA_UP_PROJ)) && OK(MLA) &&
+	    FLD(MLA)->state != KILN_FE_SET)
+		rule_error(v, rm->value, KILN_FE_F_RECOMPUTE_MODULES,
+		           "recompute_modules: mla_up_proj needs model.mla");
+	if (om->state == KILN_FE_SET) {
+		bool ok = true;
+		for (size_t i = 0; i < om->value->n; i++)
+			module_item(v, om->value->items[i], "offload_modules", offload_names,
+			            KILN_MOF_COUNT, &out->offload_modules, &ok);
+		if (!ok)
+			om->state = KILN_FE_BAD;
+		else if ((out->offload_modules & KILN_MOF(ATTN_PROJ)) &&
+		         !(out->offload_modules & KILN_MOF(CORE_ATTN)))
+			rule_error(
+			    v, om->value, KILN_FE_F_OFFLOAD_MODULES,
+			    "offload_modules: attn_proj cannot be offloaded without core_attn "
+			    "(Megatron-Core's rule)");
+	}
+	bool moe = FLD(MOE)->state == KILN_FE_SET;
+	const kiln_fe_field *moe_keys[3] = {cf, pad, fb};
+	for (int k = 0; k < 3; k++)
+		if (moe_keys[k]->state == KILN_FE_SET && !moe && FLD(MOE)->state != KILN_FE_BAD)
+			rule_error(v, moe_keys[k]->value,
+			           k == 0   ? KILN_FE_F_MOE_EXPERT_CAPACITY_FACTOR
+			           : k == 1 ? KILN_FE_F_MOE_PAD_EXPERT_INPUT_TO_CAPACITY
+			                    : KILN_FE_F_MOE_ROUTER_FORCE_LOAD_BALANCING,
+			           "this megatron key needs model.moe");
+	if (cf->state == KILN_FE_SET)
+		out->capacity_factor = cf->f;
+	if (pad->state == KILN_FE_SET) {
+		out->pad_to_capacity = pad->b;
+		if (pad->b && cf->state == KILN_FE_ABSENT)
+			rule_error(
+			    v, pad->value, KILN_FE_F_MOE_PAD_EXPERT_INPUT_TO_CAPACITY,
+			    "moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor");
+	}
+	if (fb->state == KILN_FE_SET)
+		out->force_load_balancing = fb->b;
+	if (mtp->state == KILN_FE_SET)
+		out->mtp_num_layers = mtp->i;
+}
+
 static void check_stage_layers(vctx *v, derived *d)
 {
 	kiln_fe_field *sl = FLD(STAGE_LAYERS);
@@ -312,6 +580,8 @@ static void check_stage_layers(vctx *v, derived *d)
 		return;
 	}
 	if (!d->chunks_ok || !OK(LAYERS) || sl->state == KILN_FE_BAD)
+		return;
+	if (megatron_split(v, d))
 		return;
 	/* Default split: even, and the remainder goes one layer each to chunks
 	 * 1..r, since chunk 0 also carries the embedding. */
@@ -413,7 +683,14 @@ static void check_parallel(vctx *v, derived *d)
 	}
 	if (OK(PP) && OK(VPP) && OK(LAYERS)) {
 		int64_t chunks;
-		if (__builtin_mul_overflow(VAL(PP), VAL(VPP), &chunks) || chunks > VAL(LAYERS)) {
+		/* The embedding and the loss may stand in for a layer of their
+		 * chunk (account_for_embedding / account_for_loss). */
+		int64_t extra =
+		    (FLD(ACCOUNT_FOR_EMBEDDING)->state == KILN_FE_SET &&
+		     FLD(ACCOUNT_FOR_EMBEDDING)->b) +
+		    (FLD(ACCOUNT_FOR_LOSS)->state == KILN_FE_SET && FLD(ACCOUNT_FOR_LOSS)->b);
+		if (__builtin_mul_overflow(VAL(PP), VAL(VPP), &chunks) ||
+		    chunks > VAL(LAYERS) + extra) {
 			snprintf(msg, sizeof(msg),
 			         "layers (%lld) must be at least pp * vpp (%lld * %lld)",
 			         (long long)VAL(LAYERS), (long long)VAL(PP), (long long)VAL(VPP));
@@ -422,6 +699,33 @@ static void check_parallel(vctx *v, derived *d)
 			d->chunks_ok = true;
 			d->chunks = chunks;
 		}
+	}
+	/* issue 15, item 2: the time model's layout keys. */
+	if (FLD(DISPATCHER)->state == KILN_FE_ABSENT)
+		FLD(DISPATCHER)->i = KILN_DISPATCH_ALLTOALL;
+	kiln_fe_field *ov = FLD(OVERLAP_EP_COMM);
+	if (ov->state == KILN_FE_ABSENT)
+		ov->b = false;
+	if (FLD(ACCOUNT_FOR_EMBEDDING)->state == KILN_FE_ABSENT)
+		FLD(ACCOUNT_FOR_EMBEDDING)->b = false;
+	if (FLD(ACCOUNT_FOR_LOSS)->state == KILN_FE_ABSENT)
+		FLD(ACCOUNT_FOR_LOSS)->b = false;
+	if (ov->state == KILN_FE_SET && ov->b && OK(EP) && VAL(EP) < 2)
+		rule_error(v, ov->value, KILN_FE_F_OVERLAP_EP_COMM,
+		           "overlap_ep_comm needs ep >= 2 (there is no all-to-all to overlap)");
+	if (FLD(STAGE_LAYERS)->state == KILN_FE_SET && FLD(STAGE_LAYERS)->value->n > 0) {
+		const kiln_fe_field_id split[4] = {
+		    KILN_FE_F_FIRST_STAGE_LAYERS, KILN_FE_F_LAST_STAGE_LAYERS,
+		    KILN_FE_F_ACCOUNT_FOR_EMBEDDING, KILN_FE_F_ACCOUNT_FOR_LOSS};
+		for (int k = 0; k < 4; k++)
+			if (v->f[split[k]].state == KILN_FE_SET) {
+				snprintf(
+				    msg, sizeof(msg),
+				    "%s cannot be combined with an explicit stage_layers (which "
+				    "already gives every chunk's layers)",
+				    kiln_fe_field_key(split[k]));
+				rule_error(v, v->f[split[k]].value, split[k], msg);
+			}
 	}
 	check_stage_layers(v, d);
 
@@ -750,6 +1054,7 @@ kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const 
 	read_section(v, KILN_FE_F_TRAINING, KILN_FE_S_TRAINING, true);
 	read_section(v, KILN_FE_F_PARALLEL, KILN_FE_S_PARALLEL, true);
 	read_section(v, KILN_FE_F_LOAD, KILN_FE_S_LOAD, false);
+	read_section(v, KILN_FE_F_MEGATRON, KILN_FE_S_MEGATRON, false);
 
 	kiln_model *m = kiln_arena_alloc(c->a, sizeof(*m));
 	if (!m) {
@@ -784,6 +1089,8 @@ kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const 
 	derived d;
 	memset(&d, 0, sizeof(d));
 	check_parallel(v, &d);
+	kiln_megatron mg;
+	check_megatron(v, &mg);
 	/* Routing cannot load a rank beyond the point where every token of the
 	 * ep ranks sends it min(top_k, experts / ep) rows: r_max = ep *
 	 * min(top_k, experts / ep) / top_k. Planning beyond that plans for loads
@@ -857,6 +1164,11 @@ kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const 
 	m->vpp = VAL(VPP);
 	m->stage_layers = d.stage_layers;
 	m->n_stage_layers = (size_t)d.chunks;
+	m->dispatcher = (kiln_dispatcher)VAL(DISPATCHER);
+	m->overlap_ep_comm = FLD(OVERLAP_EP_COMM)->b;
+	m->account_for_embedding = FLD(ACCOUNT_FOR_EMBEDDING)->b;
+	m->account_for_loss = FLD(ACCOUNT_FOR_LOSS)->b;
+	m->megatron = mg;
 	m->max_factor = mf->f;
 	m->dp = d.dp;
 	m->edp = d.edp;
@@ -878,3 +1190,7 @@ _Static_assert(KILN_PROB_ACTIVATION == 0 && KILN_PROB_EXPERT_OUTPUT == 1 && KILN
                "prob_apply order");
 _Static_assert(KILN_OPTIM_ADAM == 0 && KILN_OPTIM_SGD == 1, "optimizer order");
 _Static_assert(KILN_SCHED_1F1B == 0 && KILN_SCHED_INTERLEAVED == 1, "schedule order");
+_Static_assert(KILN_DISPATCH_ALLTOALL == 0 && KILN_DISPATCH_DEEPEP == 1 &&
+                   KILN_DISPATCH_HYBRIDEP == 2,
+               "dispatcher order");
+_Static_assert(KILN_RECOMPUTE_UNIFORM == 0 && KILN_RECOMPUTE_BLOCK == 1, "recompute method order");

@@ -118,6 +118,63 @@ typedef enum {
 	KILN_PROB_COMBINE        /* after the combine, on the token's device */
 } kiln_prob_apply;
 
+/* issue 15, item 2: what a measured Megatron-Core run used (docs/model-format.md). */
+typedef enum {
+	KILN_DISPATCH_ALLTOALL,
+	KILN_DISPATCH_DEEPEP,
+	KILN_DISPATCH_HYBRIDEP
+} kiln_dispatcher;
+typedef enum { KILN_RECOMPUTE_NONE, KILN_RECOMPUTE_SELECTIVE, KILN_RECOMPUTE_FULL } kiln_recompute;
+typedef enum { KILN_RECOMPUTE_UNIFORM, KILN_RECOMPUTE_BLOCK } kiln_recompute_method;
+
+/* Megatron-Core's module names (megatron/core/transformer/transformer_config.py:
+ * recompute_modules' allowed set, and offload_modules' for fine-grained
+ * activation offloading), one bit each. */
+#define KILN_MEGATRON_RECOMPUTE_MODULES(X)                                                         \
+	X(CORE_ATTN, "core_attn")                                                                  \
+	X(MOE_ACT, "moe_act")                                                                      \
+	X(LAYERNORM, "layernorm")                                                                  \
+	X(MLA_UP_PROJ, "mla_up_proj")                                                              \
+	X(MLP, "mlp")                                                                              \
+	X(MOE, "moe")                                                                              \
+	X(SHARED_EXPERTS, "shared_experts")
+#define KILN_MEGATRON_OFFLOAD_MODULES(X)                                                           \
+	X(CORE_ATTN, "core_attn")                                                                  \
+	X(ATTN_PROJ, "attn_proj")                                                                  \
+	X(EXPERT_FC1, "expert_fc1")                                                                \
+	X(FUSED_GROUP_MLP, "fused_group_mlp")                                                      \
+	X(MOE_ACT, "moe_act")                                                                      \
+	X(ATTN_NORM, "attn_norm")                                                                  \
+	X(MLP_NORM, "mlp_norm")                                                                    \
+	X(QKV_LINEAR, "qkv_linear")
+enum {
+#define X(id, name) KILN_MRC_BIT_##id,
+	KILN_MEGATRON_RECOMPUTE_MODULES(X)
+#undef X
+	    KILN_MRC_COUNT
+};
+enum {
+#define X(id, name) KILN_MOF_BIT_##id,
+	KILN_MEGATRON_OFFLOAD_MODULES(X)
+#undef X
+	    KILN_MOF_COUNT
+};
+#define KILN_MRC(id) (1u << KILN_MRC_BIT_##id)
+#define KILN_MOF(id) (1u << KILN_MOF_BIT_##id)
+
+/* The megatron: section: the recipe of the run being described. */
+typedef struct kiln_megatron {
+	kiln_recompute recompute; /* NONE when recompute_granularity is absent */
+	kiln_recompute_method recompute_method;
+	int64_t recompute_num_layers; /* full recompute: 0 means every layer */
+	uint32_t recompute_modules;   /* KILN_MRC bits; selective */
+	uint32_t offload_modules;     /* KILN_MOF bits */
+	double capacity_factor;       /* 0: dropless */
+	bool pad_to_capacity;
+	bool force_load_balancing;
+	int64_t mtp_num_layers; /* multi-token prediction layers (counted in FLOPs only) */
+} kiln_megatron;
+
 /* A hardware profile (DESIGN.md 5.1). Bandwidths in GB/s (1e9 bytes/s),
  * memory in GiB (2^30 bytes), compute in TFLOP/s (1e12). */
 typedef struct kiln_hardware {
@@ -134,6 +191,15 @@ typedef struct kiln_hardware {
 	int64_t devices_per_node;
 	double intra_node_gbps;
 	double inter_node_gbps;
+	/* issue 15, item 2: the step-time model's fitted efficiencies
+	 * (docs/calibration.md); 0 means the default named. */
+	double time_gemm_efficiency;       /* a large GEMM's share of peak; 0: gemm_efficiency */
+	double time_gemm_half_rows;        /* rows at which a GEMM reaches half of that; 0: none */
+	double time_attention_efficiency;  /* flash attention's share of peak; 0: gemm_efficiency */
+	double time_comm_efficiency;       /* collectives' share of NVLink bandwidth; 0: 1 */
+	double time_inter_node_efficiency; /* of the inter-node links'; 0: time_comm_efficiency */
+	double time_kernel_floor_us;       /* least time of a memory-bound kernel */
+	double time_host_layer_us;         /* host time to issue one layer's forward and backward */
 } kiln_hardware;
 
 /* A validated model description (DESIGN.md 5.1). Every field is set: the
@@ -196,6 +262,12 @@ typedef struct kiln_model {
 	 * on stage c % pp. Always filled (the default split is computed). */
 	int64_t *stage_layers;
 	size_t n_stage_layers;
+	/* issue 15, item 2: the time model's layout keys. */
+	kiln_dispatcher dispatcher;
+	bool overlap_ep_comm;
+	bool account_for_embedding; /* the split counted the embedding as a layer */
+	bool account_for_loss;      /* ... and the loss */
+	kiln_megatron megatron;
 
 	kiln_hardware hw;
 

@@ -12,9 +12,12 @@ set -eu
 # build and run the CPU trainer in examples/trainer.
 # python3-torch (Debian's PyTorch 1.13, CPU) and python3-pytest run the Python
 # package's tests (python/tests, make test-python); no other index is needed.
+# python3-pip and python3-setuptools install the package from a built tree
+# (pip install --no-build-isolation ./python), which python/tests/test_install.py does.
 PACKAGES="build-essential cmake pkg-config libyaml-dev libcjson-dev libglpk-dev \
 libcriterion-dev libmlir-16-dev mlir-16-tools libxml2-utils libopenmpi-dev openmpi-bin \
-clang-14 libclang-rt-14-dev libamdhip64-5 python3-torch python3-pytest"
+clang-14 libclang-rt-14-dev libamdhip64-5 python3-torch python3-pytest \
+python3-pip python3-setuptools"
 
 missing=""
 for p in $PACKAGES; do

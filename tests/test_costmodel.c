@@ -422,8 +422,13 @@ Test(costmodel_time, iteration_by_hand)
 	double iter_s = 4 * (33161216.0 + 68419584.0) / rate * 1e-6;
 	cr_expect(fabs(it.iteration_s - iter_s) < 1e-6 * iter_s);
 	cr_expect_float_eq(it.bubble_fraction, 0.0, 1e-12);
-	cr_expect_float_eq(it.model_flops, 3.0 * 4 * 33161216.0, 1.0);
-	cr_expect(fabs(it.mfu - 3.0 * 4 * 33161216.0 / (iter_s * 1e15)) < 1e-6);
+	/* Model FLOPs as Megatron counts them (training.py, transformer_flops):
+	 * per token 6 * (GeLU MLP 64*256*2 = 32,768 + qkv and out projections
+	 * 64*(64+128) + 64*64 = 16,384 + causal core 64*128/2*2 = 8,192 + logits
+	 * over the vocabulary padded to 1024: 64*1024 = 65,536) = 737,280; 4
+	 * sequences of 128 tokens: 377,487,360. */
+	cr_expect_float_eq(it.model_flops, 377487360.0, 1.0);
+	cr_expect(fabs(it.mfu - 377487360.0 / (iter_s * 1e15)) < 1e-6);
 	cr_expect(fabs(it.tokens_per_s - 4 * 128 / iter_s) < 1e-6 * it.tokens_per_s);
 	cr_expect_eq(it.slowest_stage, 0);
 	kiln_arena_free(a);

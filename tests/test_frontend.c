@@ -1651,3 +1651,163 @@ Test(frontend_rules, layer_limit_is_the_one_the_docs_state)
 	load("kiln: 1\nmodel:\n  layers: 4096\n", &m);
 	cr_expect_null(strstr(diag_text, "exceeds the limit"), "%s", diag_text);
 }
+
+/* ------------------------------------------- issue 15, item 2: layout keys */
+
+TestSuite(frontend_megatron, .init = setup, .fini = teardown);
+
+/* A MoE model on 16 devices, with room for one more parallel: line (line 11)
+ * and a megatron: section from line 12. */
+#define MG_HEAD                                                                                    \
+	"kiln: 1\n"                                                                                \
+	"model:\n"                                                                                 \
+	"  layers: 12\n"                                                                           \
+	"  hidden: 64\n"                                                                           \
+	"  heads: 8\n"                                                                             \
+	"  vocab: 1000\n"                                                                          \
+	"  seq_len: 128\n"                                                                         \
+	"  moe: {experts: 8, top_k: 2, expert_ffn_hidden: 32}\n"                                   \
+	"training: {global_batch: 64}\n"                                                           \
+	"hardware: h100-sxm\n"
+
+Test(frontend_megatron, defaults_match_megatron_core)
+{
+	kiln_model *m = load_ok(MG_HEAD "parallel: {devices: 16, pp: 2, ep: 8}\n");
+	cr_expect_eq(m->dispatcher, KILN_DISPATCH_ALLTOALL);
+	cr_expect(!m->overlap_ep_comm);
+	cr_expect(!m->account_for_embedding && !m->account_for_loss);
+	cr_expect_eq(m->megatron.recompute, KILN_RECOMPUTE_NONE);
+	cr_expect_eq(m->megatron.capacity_factor, 0.0); /* dropless */
+	cr_expect_eq(m->megatron.mtp_num_layers, 0);
+	/* Selective recompute without a module list recomputes core_attn, as
+	 * Megatron-Core's TransformerConfig defaults recompute_modules. */
+	m = load_ok(MG_HEAD "parallel: {devices: 16, pp: 2, ep: 8, dispatcher: deepep}\n"
+	                    "megatron: {recompute_granularity: selective}\n");
+	cr_expect_eq(m->dispatcher, KILN_DISPATCH_DEEPEP);
+	cr_expect_eq(m->megatron.recompute, KILN_RECOMPUTE_SELECTIVE);
+	cr_expect_eq(m->megatron.recompute_modules, KILN_MRC(CORE_ATTN));
+	m = load_ok(MG_HEAD "parallel: {devices: 16, ep: 8, dispatcher: hybridep, "
+	                    "overlap_ep_comm: true}\n"
+	                    "megatron:\n"
+	                    "  recompute_granularity: selective\n"
+	                    "  recompute_modules: [moe_act, layernorm]\n"
+	                    "  offload_modules: [expert_fc1]\n"
+	                    "  moe_expert_capacity_factor: 1.25\n"
+	                    "  moe_pad_expert_input_to_capacity: true\n"
+	                    "  moe_router_force_load_balancing: true\n");
+	cr_expect_eq(m->dispatcher, KILN_DISPATCH_HYBRIDEP);
+	cr_expect(m->overlap_ep_comm);
+	cr_expect_eq(m->megatron.recompute_modules, KILN_MRC(MOE_ACT) | KILN_MRC(LAYERNORM));
+	cr_expect_eq(m->megatron.offload_modules, KILN_MOF(EXPERT_FC1));
+	cr_expect_float_eq(m->megatron.capacity_factor, 1.25, 1e-12);
+	cr_expect(m->megatron.pad_to_capacity && m->megatron.force_load_balancing);
+}
+
+/* Megatron-Core's uneven split (transformer_block.py get_num_layers_to_build):
+ * 12 layers, pp 4, first stage 2, last stage 1: the 9 left over 2 middle
+ * stages is not whole, refused; first 4 and last 2 leave 6, 3 per middle
+ * stage: 4 3 3 2. With vpp 2 (chunk c on stage c % 4), first 4 and last 2
+ * give chunks of 2, 1.5 -> refused for 3 per middle stage, so first 2 last 2
+ * leave 8, 4 per stage, 2 per chunk: chunks 1 2 2 1 | 1 2 2 1. */
+Test(frontend_megatron, first_and_last_stage_layers)
+{
+	kiln_model *m =
+	    load_ok(MG_HEAD "parallel: {devices: 16, pp: 4, ep: 4, first_stage_layers: 4, "
+	                    "last_stage_layers: 2}\n");
+	cr_assert_eq(m->n_stage_layers, 4);
+	int64_t want[4] = {4, 3, 3, 2};
+	for (int i = 0; i < 4; i++)
+		cr_expect_eq(m->stage_layers[i], want[i], "stage %d", i);
+	expect_invalid(MG_HEAD "parallel: {devices: 16, pp: 4, ep: 4, first_stage_layers: 2, "
+	                       "last_stage_layers: 1}\n",
+	               "m.yaml:11:59: error: first_stage_layers and last_stage_layers leave 9 of "
+	               "the 12 layers for 2 other stages");
+	m = load_ok(MG_HEAD "parallel: {devices: 16, pp: 4, ep: 4, schedule: interleaved, vpp: 2, "
+	                    "first_stage_layers: 2, last_stage_layers: 2}\n");
+	cr_assert_eq(m->n_stage_layers, 8);
+	int64_t want2[8] = {1, 2, 2, 1, 1, 2, 2, 1};
+	for (int i = 0; i < 8; i++)
+		cr_expect_eq(m->stage_layers[i], want2[i], "chunk %d", i);
+	expect_invalid(MG_HEAD "parallel: {devices: 16, pp: 4, ep: 4, schedule: interleaved, "
+	                       "vpp: 2, first_stage_layers: 3}\n",
+	               "m.yaml:11:90: error: first_stage_layers (3) must be divisible by vpp (2)");
+	expect_invalid(MG_HEAD "parallel: {devices: 16, pp: 2, ep: 8, stage_layers: [6, 6], "
+	                       "last_stage_layers: 6}\n",
+	               "m.yaml:11:80: error: last_stage_layers cannot be combined with an explicit "
+	               "stage_layers");
+	expect_invalid(MG_HEAD "parallel: {devices: 16, pp: 2, ep: 8, first_stage_layers: 6, "
+	                       "account_for_loss: true}\n",
+	               "cannot be combined with account_for_embedding / account_for_loss");
+}
+
+/* --account-for-embedding/loss-in-pipeline-split: 94 layers + embedding +
+ * loss = 96 = pp 32 * vpp 3, one per chunk; chunk 0 holds the embedding only
+ * and chunk 95 the loss only. 12 layers + 1 on pp 4 is not whole: refused. */
+Test(frontend_megatron, account_for_embedding_and_loss)
+{
+	kiln_model *m = load_ok("kiln: 1\n"
+	                        "model:\n"
+	                        "  layers: 94\n"
+	                        "  hidden: 64\n"
+	                        "  heads: 8\n"
+	                        "  vocab: 1000\n"
+	                        "  seq_len: 128\n"
+	                        "  moe: {experts: 8, top_k: 2, expert_ffn_hidden: 32}\n"
+	                        "training: {global_batch: 192}\n"
+	                        "hardware: h100-sxm\n"
+	                        "parallel: {devices: 64, pp: 32, ep: 2, schedule: interleaved, "
+	                        "vpp: 3, account_for_embedding: true, account_for_loss: true}\n");
+	cr_assert_eq(m->n_stage_layers, 96);
+	cr_expect_eq(m->stage_layers[0], 0);
+	cr_expect_eq(m->stage_layers[95], 0);
+	int64_t sum = 0;
+	for (int i = 0; i < 96; i++)
+		sum += m->stage_layers[i];
+	cr_expect_eq(sum, 94);
+	cr_expect(m->account_for_embedding && m->account_for_loss);
+	expect_invalid(MG_HEAD "parallel: {devices: 16, pp: 4, ep: 4, account_for_loss: true}\n",
+	               "m.yaml:11:57: error: with account_for_embedding / account_for_loss, layers "
+	               "+ 1 = 13 must be divisible by pp * vpp = 4");
+}
+
+Test(frontend_megatron, recipe_rules_positioned)
+{
+	expect_invalid(
+	    MG_HEAD "parallel: {devices: 16, ep: 8}\n"
+	            "megatron:\n"
+	            "  recompute_granularity: selective\n"
+	            "  recompute_modules: [moe_act, layernorn]\n",
+	    "m.yaml:14:32: error: recompute_modules entries must be Megatron-Core module "
+	    "names");
+	expect_in_diag("m.yaml:14:32: note: did you mean 'layernorm'?");
+	expect_invalid(MG_HEAD
+	               "parallel: {devices: 16, ep: 8}\n"
+	               "megatron: {recompute_granularity: selective, recompute_method: block}\n",
+	               "m.yaml:12:64: error: recompute_method needs recompute_granularity: full");
+	expect_invalid(MG_HEAD "parallel: {devices: 16, ep: 8}\n"
+	                       "megatron: {recompute_granularity: full, recompute_num_layers: 2}\n",
+	               "m.yaml:12:63: error: recompute_num_layers needs recompute_method");
+	expect_invalid(MG_HEAD "parallel: {devices: 16, ep: 8}\n"
+	                       "megatron: {recompute_modules: [mlp]}\n",
+	               "m.yaml:12:31: error: recompute_modules needs recompute_granularity: "
+	               "selective");
+	expect_invalid(MG_HEAD "parallel: {devices: 16, ep: 8}\n"
+	                       "megatron: {moe_pad_expert_input_to_capacity: true}\n",
+	               "m.yaml:12:46: error: moe_pad_expert_input_to_capacity needs "
+	               "moe_expert_capacity_factor");
+	expect_invalid(
+	    MG_HEAD "parallel: {devices: 16, ep: 8}\n"
+	            "megatron: {offload_modules: [attn_proj]}\n",
+	    "m.yaml:12:29: error: offload_modules: attn_proj cannot be offloaded without "
+	    "core_attn");
+	expect_invalid(MG_HEAD "parallel: {devices: 16, ep: 1, overlap_ep_comm: true}\n",
+	               "m.yaml:11:49: error: overlap_ep_comm needs ep >= 2");
+	expect_invalid(MG_HEAD "parallel: {devices: 16, ep: 8, dispatcher: nccl}\n",
+	               "m.yaml:11:44: error: dispatcher must be one of alltoall, deepep, hybridep");
+	expect_invalid(MG_HEAD "parallel: {devices: 16, ep: 8}\n"
+	                       "megatron: {recompute_granularity: some}\n",
+	               "m.yaml:12:35: error: recompute_granularity must be one of selective, full");
+	expect_invalid(MG_HEAD "parallel: {devices: 16, ep: 8}\n"
+	                       "megatron: {mtp_layers: 1}\n",
+	               "m.yaml:12:12: error: unknown key 'mtp_layers' in megatron");
+}

@@ -608,7 +608,7 @@ Test(cli_output, stdout_pipes_and_stdout_files)
 	const char *tiny = kt_src("examples/models/tiny.yaml");
 	char *out;
 	int st =
-	    kt_sh(&out, "%s compile %s --emit-trace /dev/stdout | head -c 15", KILN_KILNC, tiny);
+	    kt_sh(&out, "%s compile %s --emit-trace /dev/stdout 2>/dev/null | head -c 15", KILN_KILNC, tiny);
 	cr_expect_eq(st, 0, "%s", out);
 	cr_expect(strncmp(out, "{", 1) == 0, "not the trace: %s", out);
 	free(out);
@@ -618,6 +618,50 @@ Test(cli_output, stdout_pipes_and_stdout_files)
 	cr_expect_eq(r.status, 2, "%s", r.err);
 	cr_expect_not_null(strstr(r.err, "the standard output"), "%s", r.err);
 	kt_run_free(&r);
+	dir_free(&d);
+}
+
+/* Commands that write only stdout refuse it too when it is redirected onto
+ * what they read: `report --json >> m.yaml` would append JSON to the model,
+ * `inspect --json >> p.kiln` would break the blob's checksum. */
+Test(cli_output, stdout_appended_to_an_input)
+{
+	tdir d = dir_new();
+	const char *m = in_dir(&d, "m.yaml");
+	char *out;
+	int st = kt_sh(&out, "cp %s %s", kt_src("examples/models/tiny.yaml"), m);
+	cr_assert_eq(st, 0, "%s", out);
+	free(out);
+	struct stat model_before, model_after;
+	cr_assert_eq(stat(m, &model_before), 0);
+	const char *cmds[] = {"check", "report --json", NULL};
+	for (int i = 0; cmds[i]; i++) {
+		st = kt_sh(&out, "{ %s %s %s >> %s; }", KILN_KILNC, cmds[i], m, m);
+		cr_expect_eq(st, 2, "%s: %s", cmds[i], out);
+		cr_expect(strstr(out, "the standard output") && strstr(out, "is the input MODEL"),
+		          "%s: %s", cmds[i], out);
+		free(out);
+	}
+	const char *plan = in_dir(&d, "p.kiln");
+	st = kt_sh(&out, "%s compile %s -o %s", KILN_KILNC, m, plan);
+	cr_assert_eq(st, 0, "%s", out);
+	free(out);
+	struct stat before, after;
+	cr_assert_eq(stat(plan, &before), 0);
+	const char *bcmds[] = {"inspect --json",
+	                       "select --stage 0 --layer 0 --free 1G --load-factor 1", NULL};
+	for (int i = 0; bcmds[i]; i++) {
+		const char *sp = strchr(bcmds[i], ' ');
+		st = kt_sh(&out, "{ %s %.*s %s%s >> %s; }", KILN_KILNC, (int)(sp - bcmds[i]),
+		           bcmds[i], plan, sp, plan);
+		cr_expect_eq(st, 2, "%s: %s", bcmds[i], out);
+		cr_expect(strstr(out, "is the input PLAN"), "%s: %s", bcmds[i], out);
+		free(out);
+	}
+	cr_assert_eq(stat(plan, &after), 0);
+	cr_expect_eq(after.st_size, before.st_size, "the blob grew");
+	cr_assert_eq(stat(m, &model_after), 0);
+	cr_expect_eq(model_after.st_size, model_before.st_size, "the model grew");
 	dir_free(&d);
 }
 

@@ -529,6 +529,9 @@ int kilnc_inspect(int argc, char **argv)
 	unsigned char *bytes;
 	size_t len;
 	kiln_rt *rt;
+	const kiln_out_name plan_in = {"PLAN", path};
+	if (kilnc_check_outputs(&plan_in, 1, NULL, NULL, 0) != KILNC_EXIT_OK)
+		return KILNC_EXIT_USAGE; /* stdout redirected onto the blob */
 	int rc = kilnc_blob_load(path, &bytes, &len, &rt);
 	if (rc != KILNC_EXIT_OK)
 		return rc;
@@ -666,6 +669,11 @@ int kilnc_select(int argc, char **argv)
 	unsigned char *bytes;
 	size_t len;
 	kiln_rt *rt;
+	const kiln_out_name plan_in = {"PLAN", o.path};
+	if (kilnc_check_outputs(&plan_in, 1, NULL, NULL, 0) != KILNC_EXIT_OK) {
+		free(tokens);
+		return KILNC_EXIT_USAGE; /* stdout redirected onto the blob */
+	}
 	int rc = kilnc_blob_load(o.path, &bytes, &len, &rt);
 	if (rc != KILNC_EXIT_OK) {
 		free(tokens);

@@ -409,6 +409,11 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 /* Loads and lowers the model. Returns 0, or the exit status to use. */
 static int load_graph(const options *o, kiln_arena *a, kiln_ir_graph **out)
 {
+	/* Only stdout is written: redirected (`>> m.yaml`) onto the model or
+	 * its hardware profile, it is refused before and after loading. */
+	const kiln_out_name model = {"MODEL", o->model};
+	if (kilnc_check_outputs(&model, 1, NULL, NULL, 0) != EXIT_OK)
+		return EXIT_USAGE;
 	kiln_model *m = NULL;
 	int rc = kiln_frontend_load_file(o->model, a, stderr, &m);
 	if (rc == KILN_FRONTEND_INVALID)
@@ -417,6 +422,8 @@ static int load_graph(const options *o, kiln_arena *a, kiln_ir_graph **out)
 		fprintf(stderr, "kilnc: error: out of memory reading %s\n", o->model);
 		return EXIT_INPUT;
 	}
+	if (kilnc_check_outputs(NULL, 0, m, NULL, 0) != EXIT_OK)
+		return EXIT_USAGE;
 	rc = kiln_pipeline_run(m, a, o->dump_after, stdout, stderr, out);
 	if (rc == -2) {
 		usage_error("--dump-after: no pass named '%s'", o->dump_after);
