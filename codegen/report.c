@@ -88,6 +88,18 @@ void kiln_report_check(const kiln_ir_graph *g, FILE *out)
 		        (long long)m->expert_ffn_hidden, fn_name(m->moe_activation));
 	if (m->layers - moe_layers > 0)
 		fprintf(out, "  ffn       %lld (%s)\n", (long long)m->ffn_hidden, fn_name(m->activation));
+	/* The memory options (docs/model-format.md, "Memory options"). */
+	static const char *const prob_where[] = {"in the expert activation", "on the expert output",
+	                                         "after the combine"};
+	fprintf(out, "  memory    %s, norms %s rstd",
+	        m->mla         ? "MLA q, k, v"
+	        : m->fused_qkv ? "fused qkv"
+	                       : "separate q, k, v",
+	        m->norm_saves_rstd ? "save" : "recompute");
+	if (m->moe)
+		fprintf(out, ", probabilities %s, %s row map", prob_where[m->prob_apply],
+		        m->moe_permute_fusion ? "int32" : "int64");
+	fputc('\n', out);
 	fprintf(out, "  params    %s total, %s active per token\n", total, active);
 	fprintf(out, "  training  micro-batch %lld x %lld micro-batches x dp %lld = %lld sequences, %s%s\n",
 	        (long long)m->micro_batch, (long long)m->micro_batches, (long long)m->dp,

@@ -46,10 +46,23 @@ void kiln_cost_stage_static(const kiln_ir_graph *g, int32_t stage, kiln_cost_sta
 				dense += op->params_local;
 		}
 	}
-	uint64_t per = m->optimizer == KILN_OPTIM_ADAM ? 12 : 8;
+	/* Bytes per parameter (docs/cost-model.md, "Static memory"). Mixed
+	 * precision (bf16, fp16, fp8 activations) as Megatron's estimator counts
+	 * it (megatron/training/theoretical_memory_usage.py:293-296): 16-bit
+	 * weights, fp32 main gradients, and in the optimizer fp32 main weights
+	 * plus the Adam moments (12) or the momentum (8). fp32 training keeps
+	 * the weights themselves in fp32 and has no main copy (Megatron's
+	 * FP32Optimizer, megatron/core/optimizer/optimizer.py:1264): 4 + 4,
+	 * and the moments alone (8) or the momentum (4). */
+	bool fp32 = m->dtype == KILN_DTYPE_FP32;
+	uint64_t per;
+	if (m->optimizer == KILN_OPTIM_ADAM)
+		per = fp32 ? 8 : 12;
+	else
+		per = fp32 ? 4 : 8;
 	kiln_cost_static s;
 	s.params = dense + expert;
-	s.weights = 2 * s.params;
+	s.weights = (fp32 ? 4 : 2) * s.params;
 	s.grads = 4 * s.params;
 	if (m->distributed_optimizer)
 		s.optimizer =

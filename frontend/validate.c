@@ -210,6 +210,33 @@ static void check_model(vctx *v)
 	}
 }
 
+/* ---- memory options where implementations differ (issue 15): */
+
+/* Defaults follow current Megatron-Core (docs/model-format.md, "Memory
+ * options"); a key that cannot apply to the model is an error at its value,
+ * so a description never states an option that silently does nothing. */
+static void check_memory_options(vctx *v)
+{
+	kiln_fe_field *fq = FLD(FUSED_QKV);
+	bool mla = FLD(MLA)->state == KILN_FE_SET;
+	if (fq->state == KILN_FE_SET && mla)
+		rule_error(v, fq->value, KILN_FE_F_FUSED_QKV,
+		           "fused_qkv does not apply with mla: the queries and the latent kv have "
+		           "projections of their own");
+	else if (fq->state == KILN_FE_ABSENT)
+		fq->b = !mla; /* Megatron's linear_qkv: one GEMM, one storage */
+	kiln_fe_field *rs = FLD(NORM_SAVES_RSTD);
+	if (rs->state == KILN_FE_ABSENT)
+		rs->b = true; /* Transformer Engine's RMSNorm and LayerNorm save rsigma */
+	kiln_fe_field *pf = FLD(MOE_PERMUTE_FUSION);
+	if (pf->state == KILN_FE_SET && FLD(MOE)->state == KILN_FE_ABSENT)
+		rule_error(v, pf->value, KILN_FE_F_MOE_PERMUTE_FUSION,
+		           "moe_permute_fusion needs a moe section (a dense model permutes no "
+		           "tokens)");
+	/* Absent prob_apply is 0 (activation) and absent moe_permute_fusion
+	 * false: Megatron's defaults. */
+}
+
 /* ---- parallel: */
 
 typedef struct derived {
@@ -1044,6 +1071,7 @@ kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const 
 		kiln_fe_hardware_resolve(c, hw->key, hw->value, base_dir, path, &m->hw);
 
 	check_model(v);
+	check_memory_options(v);
 	kiln_fe_field *mf = FLD(MAX_FACTOR);
 	if (mf->state == KILN_FE_ABSENT) /* a dense model's load never varies */
 		mf->f = FLD(MOE)->state == KILN_FE_ABSENT ? 1.0 : 3.0;
@@ -1118,6 +1146,10 @@ kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const 
 	m->top_k = VAL(TOP_K);
 	m->expert_ffn_hidden = VAL(EXPERT_FFN_HIDDEN);
 	m->moe_activation = (kiln_fn)VAL(MOE_ACTIVATION);
+	m->fused_qkv = FLD(FUSED_QKV)->b;
+	m->norm_saves_rstd = FLD(NORM_SAVES_RSTD)->b;
+	m->prob_apply = (kiln_prob_apply)VAL(PROB_APPLY);
+	m->moe_permute_fusion = FLD(MOE_PERMUTE_FUSION)->b;
 	m->micro_batch = VAL(MICRO_BATCH);
 	m->global_batch = VAL(GLOBAL_BATCH);
 	m->dtype = (kiln_dtype)VAL(DTYPE);
@@ -1154,6 +1186,8 @@ _Static_assert(KILN_FN_SWIGLU == 0 && KILN_FN_GELU == 1, "activation order");
 _Static_assert(KILN_DTYPE_BF16 == 0 && KILN_DTYPE_FP16 == 1 && KILN_DTYPE_FP8 == 2 &&
                    KILN_DTYPE_FP32 == 3,
                "dtype order");
+_Static_assert(KILN_PROB_ACTIVATION == 0 && KILN_PROB_EXPERT_OUTPUT == 1 && KILN_PROB_COMBINE == 2,
+               "prob_apply order");
 _Static_assert(KILN_OPTIM_ADAM == 0 && KILN_OPTIM_SGD == 1, "optimizer order");
 _Static_assert(KILN_SCHED_1F1B == 0 && KILN_SCHED_INTERLEAVED == 1, "schedule order");
 _Static_assert(KILN_DISPATCH_ALLTOALL == 0 && KILN_DISPATCH_DEEPEP == 1 &&

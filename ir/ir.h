@@ -111,6 +111,12 @@ typedef enum { KILN_FN_SWIGLU, KILN_FN_GELU } kiln_fn;
 typedef enum { KILN_DTYPE_BF16, KILN_DTYPE_FP16, KILN_DTYPE_FP8, KILN_DTYPE_FP32 } kiln_dtype;
 typedef enum { KILN_OPTIM_ADAM, KILN_OPTIM_SGD } kiln_optimizer;
 typedef enum { KILN_SCHED_1F1B, KILN_SCHED_INTERLEAVED } kiln_schedule;
+/* Where the router probabilities multiply (docs/model-format.md, prob_apply). */
+typedef enum {
+	KILN_PROB_ACTIVATION,    /* inside the expert activation (weighted SwiGLU) */
+	KILN_PROB_EXPERT_OUTPUT, /* on the expert output, on the expert's device */
+	KILN_PROB_COMBINE        /* after the combine, on the token's device */
+} kiln_prob_apply;
 
 /* issue 15, item 2: what a measured Megatron-Core run used (docs/model-format.md). */
 typedef enum {
@@ -230,6 +236,12 @@ typedef struct kiln_model {
 	int64_t top_k;
 	int64_t expert_ffn_hidden;
 	kiln_fn moe_activation;
+
+	/* Memory options where implementations differ (docs/model-format.md). */
+	bool fused_qkv;             /* q, k, v one storage from one GEMM (not with mla) */
+	bool norm_saves_rstd;       /* norms save their fp32 reciprocal RMS per row */
+	kiln_prob_apply prob_apply; /* MoE only */
+	bool moe_permute_fusion;    /* fused permutation: int32 indices, else int64 */
 
 	/* training: */
 	int64_t micro_batch;   /* sequences per micro-batch */

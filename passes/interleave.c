@@ -1468,6 +1468,27 @@ int kiln_pass_interleave(kiln_compilation *c)
 				if (alive[k])
 					floor_us = t->exposed_us[k];
 			}
+			/* The frontier is ordered by quantised savings (a sum of
+			 * per-unit floors); the exact bytes at the bucket's edge
+			 * can run the other way between neighbours (many small
+			 * losses to rounding against few). A survivor that saves
+			 * no more exact bytes than a cheaper one is dominated;
+			 * the maximal-saving point stays, and cheaper points that
+			 * save as much as it does leave instead. */
+			int32_t prev = 0;
+			for (int32_t k = 1; k < last; k++) {
+				if (!alive[k])
+					continue;
+				if (t->bytes[k].saved <= t->bytes[prev].saved)
+					alive[k] = false;
+				else
+					prev = k;
+			}
+			while (prev > 0 && t->bytes[prev].saved >= t->bytes[last].saved) {
+				alive[prev] = false;
+				while (--prev > 0 && !alive[prev])
+					;
+			}
 			w = 0;
 			for (int32_t k = 0; k < t->n_points; k++) {
 				if (!alive[k])

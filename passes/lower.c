@@ -77,9 +77,27 @@ static int32_t tensor(lowerer *L, const char *name, uint64_t base, uint64_t per_
 	return kiln_ir_builder_tensor(L->b, name, (kiln_lin){base, per_n}, flags, -1);
 }
 
-/* Adds the forward op of sp and remembers it for the backward pass. */
-static void fwd_op(lowerer *L, const spec *sp)
+/* Drops repeated tensors from a list (fused q, k and v are one tensor, so
+ * an op reading "q, k, v" reads it once). */
+static void list_dedup(int32_t *list, int32_t *n)
 {
+	int32_t w = 0;
+	for (int32_t i = 0; i < *n; i++) {
+		bool seen = false;
+		for (int32_t j = 0; j < w && !seen; j++)
+			seen = list[j] == list[i];
+		if (!seen)
+			list[w++] = list[i];
+	}
+	*n = w;
+}
+
+/* Adds the forward op of sp and remembers it for the backward pass. */
+static void fwd_op(lowerer *L, const spec *sp_in)
+{
+	spec copy = *sp_in, *sp = &copy;
+	list_dedup(sp->in, &sp->n_in);
+	list_dedup(sp->need, &sp->n_need);
 	if (L->n_fwd >= MAX_FWD_OPS) {
 		/* A layer never has this many ops: a bug in this file. */
 		fprintf(stderr, "kiln: internal error: layer exceeds %d forward ops\n",
@@ -230,7 +248,9 @@ static void pp_send(lowerer *L, int32_t out)
 	fwd_op(L, &sp);
 }
 
-/* A norm over rows x width elements: reads and writes one activation each. */
+/* A norm over rows x width elements: reads and writes one activation each.
+ * With model.norm_saves_rstd it also saves its fp32 reciprocal RMS, one per
+ * row, named NAME.rstd (docs/cost-model.md, "Small saved tensors"). */
 static void norm_op(lowerer *L, kiln_op_kind kind, const char *name, int32_t in, int32_t out,
                     uint64_t rows, uint64_t width)
 {
@@ -244,6 +264,14 @@ static void norm_op(lowerer *L, kiln_op_kind kind, const char *name, int32_t in,
 	    .params_local = width,
 	    .params_global = width,
 	};
+	if (L->m->norm_saves_rstd) {
+		char rn[80];
+		snprintf(rn, sizeof(rn), "%s.rstd", name);
+		int32_t rstd = tensor(L, rn, 4 * rows, 0, KILN_T_SAVED);
+		sp.out[sp.n_out++] = rstd;
+		sp.need[sp.n_need++] = rstd;
+		sp.traffic.base += (double)(4 * rows);
+	}
 	fwd_op(L, &sp);
 }
 
@@ -294,18 +322,30 @@ static int32_t attention(lowerer *L, int32_t x)
 		uint64_t KV = (uint64_t)m->kv_heads;
 		uint64_t kv = KV >= t ? KV / t : 1;
 		dqk = dv = d;
-		q = tensor(L, "attn.q", e * T * a * d, 0, KILN_T_SAVED);
-		k = tensor(L, "attn.k", e * T * kv * d, 0, KILN_T_SAVED);
-		v = tensor(L, "attn.v", e * T * kv * d, 0, KILN_T_SAVED);
-		fwd_op(L, &(spec){.kind = KILN_OP_QKV_PROJ,
-		                  .name = "attn.qkv_proj",
-		                  IN(src),
-		                  OUT(q, k, v),
-		                  NEED(qkv_in),
-		                  .flops = lf(2.0 * (double)T * (double)h *
-		                              (double)(a * d + 2 * kv * d)),
-		                  .params_local = h * (a * d + 2 * kv * d),
-		                  .params_global = h * (H * d + 2 * KV * d)});
+		spec proj = {.kind = KILN_OP_QKV_PROJ,
+		             .name = "attn.qkv_proj",
+		             IN(src),
+		             NEED(qkv_in),
+		             .flops =
+		                 lf(2.0 * (double)T * (double)h * (double)(a * d + 2 * kv * d)),
+		             .params_local = h * (a * d + 2 * kv * d),
+		             .params_global = h * (H * d + 2 * KV * d)};
+		if (m->fused_qkv) {
+			/* One GEMM writes q, k and v into one storage (Megatron's
+			 * linear_qkv, split into views): one unit, so no plan frees
+			 * k alone (docs/cost-model.md, "Fused QKV"). */
+			q = k = v =
+			    tensor(L, "attn.qkv", e * T * (a * d + 2 * kv * d), 0, KILN_T_SAVED);
+			proj.out[proj.n_out++] = q;
+		} else {
+			q = tensor(L, "attn.q", e * T * a * d, 0, KILN_T_SAVED);
+			k = tensor(L, "attn.k", e * T * kv * d, 0, KILN_T_SAVED);
+			v = tensor(L, "attn.v", e * T * kv * d, 0, KILN_T_SAVED);
+			proj.out[proj.n_out++] = q;
+			proj.out[proj.n_out++] = k;
+			proj.out[proj.n_out++] = v;
+		}
+		fwd_op(L, &proj);
 	} else {
 		uint64_t ql = (uint64_t)m->q_lora_rank, kl = (uint64_t)m->kv_lora_rank;
 		uint64_t r = (uint64_t)m->rope_head_dim;
@@ -548,23 +588,50 @@ static int32_t moe_block(lowerer *L, int32_t x2)
 	                  OUT(probs),
 	                  NEED(probs),
 	                  .traffic = lf((double)(8 * Tr * E))});
-	int32_t idx = tensor(L, "moe.perm_idx", 0, 4, KILN_T_SAVED | KILN_T_EXPERT);
+	/* Where the probabilities multiply decides what is saved around the
+	 * experts (docs/cost-model.md, "Router probabilities"). */
+	kiln_prob_apply pa = m->prob_apply;
+	/* Row map at its real width: int32 from the fused permutation, int64
+	 * from torch's argsort (docs/cost-model.md, "Small saved tensors"). */
+	uint64_t iw = m->moe_permute_fusion ? 4 : 8;
+	int32_t idx = tensor(L, "moe.perm_idx", 0, iw, KILN_T_SAVED | KILN_T_EXPERT);
 	int32_t rows = tensor(L, "moe.permuted", e * nb * h, 0, 0);
-	fwd_op(L, &(spec){.kind = KILN_OP_PERMUTE,
-	                  .name = "moe.permute",
-	                  IN(in, probs),
-	                  OUT(idx, rows),
-	                  NEED(idx),
-	                  .traffic = {(double)(e * Tr * h + e * nb * h), 4}});
+	spec perm = {.kind = KILN_OP_PERMUTE,
+	             .name = "moe.permute",
+	             IN(in, probs),
+	             OUT(idx, rows),
+	             NEED(idx),
+	             .traffic = {(double)(e * Tr * h + e * nb * h), (double)iw}};
+	/* The probabilities of the routed rows, fp32 (4 bytes per row): on the
+	 * token side for the activation (dispatched with the rows) and for the
+	 * combine (saved there), none for the expert output. */
+	int32_t row_probs = -1;
+	if (pa == KILN_PROB_ACTIVATION || pa == KILN_PROB_COMBINE) {
+		row_probs = tensor(L, "moe.row_probs", 4 * nb, 0,
+		                   pa == KILN_PROB_COMBINE ? KILN_T_SAVED : 0);
+		perm.out[perm.n_out++] = row_probs;
+		perm.traffic.base += (double)(4 * nb);
+	}
+	fwd_op(L, &perm);
 	int32_t ein = tensor(L, "moe.expert_in", 0, e * h, KILN_T_SAVED | KILN_T_EXPERT);
 	kiln_linf a2a = {0, (double)(e * h)};
-	fwd_op(L, &(spec){.kind = KILN_OP_DISPATCH,
-	                  .name = "moe.dispatch",
-	                  IN(rows),
-	                  OUT(ein),
-	                  .comm = a2a,
-	                  .coll = KILN_COLL_ALL_TO_ALL,
-	                  .group = (int32_t)m->ep});
+	spec disp = {.kind = KILN_OP_DISPATCH,
+	             .name = "moe.dispatch",
+	             IN(rows),
+	             OUT(ein),
+	             .comm = a2a,
+	             .coll = KILN_COLL_ALL_TO_ALL,
+	             .group = (int32_t)m->ep};
+	int32_t eprobs = -1;
+	if (pa == KILN_PROB_ACTIVATION) {
+		/* Megatron sends the permuted probabilities in an all-to-all of
+		 * their own (token_dispatcher.py:718). */
+		eprobs = tensor(L, "moe.expert_probs", 0, 4, KILN_T_SAVED | KILN_T_EXPERT);
+		disp.in[disp.n_in++] = row_probs;
+		disp.out[disp.n_out++] = eprobs;
+		disp.comm.per_n += 4;
+	}
+	fwd_op(L, &disp);
 	int32_t eup = tensor(L, "moe.expert_up", 0, e * up_w, KILN_T_SAVED | KILN_T_EXPERT);
 	fwd_op(L, &(spec){.kind = KILN_OP_EXPERT_UP,
 	                  .name = "moe.expert_up",
@@ -576,13 +643,31 @@ static int32_t moe_block(lowerer *L, int32_t x2)
 	                  .params_global = E * h * up_w,
 	                  .expert = true});
 	int32_t eact = tensor(L, "moe.expert_act", 0, e * fe, KILN_T_SAVED | KILN_T_EXPERT);
-	fwd_op(L, &(spec){.kind = KILN_OP_EXPERT_ACT,
-	                  .name = "moe.expert_act",
-	                  IN(eup),
-	                  OUT(eact),
-	                  NEED(eup),
-	                  .traffic = {0, (double)(e * (up_w + fe))}});
-	int32_t eout = tensor(L, "moe.expert_out", 0, e * h, KILN_T_SAVED | KILN_T_EXPERT);
+	spec act = {.kind = KILN_OP_EXPERT_ACT,
+	            .name = "moe.expert_act",
+	            IN(eup),
+	            OUT(eact),
+	            NEED(eup),
+	            .traffic = {0, (double)(e * (up_w + fe))}};
+	if (pa == KILN_PROB_ACTIVATION) {
+		act.in[act.n_in++] = eprobs;
+		act.need[act.n_need++] = eprobs;
+		act.traffic.per_n += 4;
+		if (m->moe_activation != KILN_FN_SWIGLU) {
+			/* No fused weighted kernel: the activation's output is saved
+			 * by the multiply for the probabilities' gradient
+			 * (experts.py:1013-1015). */
+			int32_t raw = tensor(L, "moe.expert_act_raw", 0, e * fe,
+			                     KILN_T_SAVED | KILN_T_EXPERT);
+			act.out[act.n_out++] = raw;
+			act.need[act.n_need++] = raw;
+			act.traffic.per_n += (double)(e * fe);
+		}
+	}
+	fwd_op(L, &act);
+	bool eout_saved = pa == KILN_PROB_EXPERT_OUTPUT;
+	int32_t eout = tensor(L, "moe.expert_out", 0, e * h,
+	                      eout_saved ? KILN_T_SAVED | KILN_T_EXPERT : KILN_T_EXPERT);
 	fwd_op(L, &(spec){.kind = KILN_OP_EXPERT_DOWN,
 	                  .name = "moe.expert_down",
 	                  IN(eact),
@@ -592,7 +677,8 @@ static int32_t moe_block(lowerer *L, int32_t x2)
 	                  .params_local = local_e * fe * h,
 	                  .params_global = E * fe * h,
 	                  .expert = true});
-	int32_t comb = tensor(L, "moe.combined", e * nb * h, 0, 0);
+	int32_t comb =
+	    tensor(L, "moe.combined", e * nb * h, 0, pa == KILN_PROB_COMBINE ? KILN_T_SAVED : 0);
 	fwd_op(L, &(spec){.kind = KILN_OP_COMBINE,
 	                  .name = "moe.combine",
 	                  IN(eout),
@@ -600,15 +686,32 @@ static int32_t moe_block(lowerer *L, int32_t x2)
 	                  .comm = a2a,
 	                  .coll = KILN_COLL_ALL_TO_ALL,
 	                  .group = (int32_t)m->ep});
-	/* The probability gradient needs the expert outputs (saved before the
-	 * combine, where they are N rows) along with the row map and probs. */
 	int32_t routed = tensor(L, "moe.routed_out", e * Tr * h, 0, 0);
-	fwd_op(L, &(spec){.kind = KILN_OP_UNPERMUTE,
-	                  .name = "moe.unpermute",
-	                  IN(comb, idx, probs),
-	                  OUT(routed),
-	                  NEED(eout, idx, probs),
-	                  .traffic = lf((double)(e * nb * h + e * Tr * h + 4 * nb))});
+	spec unperm = {.kind = KILN_OP_UNPERMUTE,
+	               .name = "moe.unpermute",
+	               IN(comb, idx),
+	               OUT(routed),
+	               NEED(idx),
+	               .traffic = lf((double)(e * nb * h + e * Tr * h))};
+	if (pa == KILN_PROB_EXPERT_OUTPUT) {
+		/* The probability gradient needs the expert outputs (saved before
+		 * the combine, where they are N rows) along with the row map and
+		 * probs. */
+		unperm.in[unperm.n_in++] = probs;
+		unperm.need[0] = eout;
+		unperm.need[1] = idx;
+		unperm.need[2] = probs;
+		unperm.n_need = 3;
+		unperm.traffic.base += (double)(4 * nb);
+	} else if (pa == KILN_PROB_COMBINE) {
+		/* The weighted sum on the token side: its input rows and their
+		 * probabilities are saved there (moe_utils.py:598). */
+		unperm.in[unperm.n_in++] = row_probs;
+		unperm.need[unperm.n_need++] = comb;
+		unperm.need[unperm.n_need++] = row_probs;
+		unperm.traffic.base += (double)(4 * nb);
+	}
+	fwd_op(L, &unperm);
 	if (t > 1 && !L->sp) {
 		/* Each TP rank routed a 1/t share of the replicated tokens. The
 		 * gradient of a replicated output needs only a local split in

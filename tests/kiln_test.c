@@ -173,6 +173,14 @@ void kt_model_init(kt_model *t)
 	m->attention = KILN_ATTN_FLASH;
 	m->activation = KILN_FN_SWIGLU;
 	m->moe_activation = KILN_FN_SWIGLU;
+	/* The memory options of the hand calculations written before they
+	 * existed: separate q, k, v, no saved rstd, probabilities on the expert
+	 * output, int32 row map. Tests of the defaults set them (the frontend
+	 * defaults are Megatron-Core's, docs/model-format.md). */
+	m->fused_qkv = false;
+	m->norm_saves_rstd = false;
+	m->prob_apply = KILN_PROB_EXPERT_OUTPUT;
+	m->moe_permute_fusion = true;
 	m->micro_batch = 1;
 	m->global_batch = 8;
 	m->dtype = KILN_DTYPE_BF16;

@@ -206,8 +206,10 @@ Test(activations, shipped_units_well_formed)
 	}
 }
 
-/* tiny's MoE layer (tp 1, no dropout, flash attention, SwiGLU experts), as
- * lowered in passes/lower.c: every unit with its sources, by hand. */
+/* tiny's MoE layer (tp 1, no dropout, flash attention, SwiGLU experts, and
+ * the memory options' defaults: fused QKV, norms saving their rstd,
+ * probabilities inside the expert activation), as lowered in
+ * passes/lower.c: every unit with its sources, by hand. */
 Test(activations, tiny_moe_units_and_sources)
 {
 	static const struct {
@@ -217,22 +219,26 @@ Test(activations, tiny_moe_units_and_sources)
 	} want[] = {
 	    {"ln1.in", {NULL}, KILN_UNIT_LAYER_INPUT},
 	    {"attn.qkv_in", {"ln1.in"}, 0},
-	    {"attn.q", {"attn.qkv_in"}, 0},
-	    {"attn.k", {"attn.qkv_in"}, 0},
-	    {"attn.v", {"attn.qkv_in"}, 0},
-	    {"attn.out", {"attn.q", "attn.k", "attn.v"}, 0},
-	    {"attn.lse", {"attn.q", "attn.k", "attn.v"}, 0},
+	    /* ln1's second output: one re-run of ln1 gives both. */
+	    {"ln1.rstd", {"ln1.in"}, 0},
+	    /* q, k and v: one storage, one unit. */
+	    {"attn.qkv", {"attn.qkv_in"}, 0},
+	    {"attn.out", {"attn.qkv"}, 0},
+	    {"attn.lse", {"attn.qkv"}, 0},
 	    /* out_proj's output is not saved: the closure re-runs it. */
 	    {"ln2.in", {"ln1.in", "attn.out"}, 0},
 	    {"moe.in", {"ln2.in"}, 0},
+	    {"ln2.rstd", {"ln2.in"}, 0},
 	    /* the router logits are not saved: router + softmax. */
 	    {"moe.probs", {"moe.in"}, 0},
 	    {"moe.perm_idx", {"moe.in", "moe.probs"}, KILN_UNIT_EXPERT},
-	    /* the permuted rows are not saved: permute + dispatch. */
+	    /* the permuted rows and their probabilities are not saved:
+	     * permute + dispatch. */
 	    {"moe.expert_in", {"moe.in", "moe.probs"}, KILN_UNIT_EXPERT | KILN_UNIT_COLLECTIVE},
+	    {"moe.expert_probs", {"moe.in", "moe.probs"}, KILN_UNIT_EXPERT | KILN_UNIT_COLLECTIVE},
 	    {"moe.expert_up", {"moe.expert_in"}, KILN_UNIT_EXPERT},
-	    {"moe.expert_act", {"moe.expert_up"}, KILN_UNIT_EXPERT},
-	    {"moe.expert_out", {"moe.expert_act"}, KILN_UNIT_EXPERT},
+	    /* the weighted SwiGLU reads the probabilities; no expert output. */
+	    {"moe.expert_act", {"moe.expert_probs", "moe.expert_up"}, KILN_UNIT_EXPERT},
 	};
 	kiln_ir_graph *g = lower(load_model("examples/models/tiny.yaml"));
 	kiln_unit_set *sets;
@@ -266,8 +272,9 @@ Test(activations, tiny_moe_units_and_sources)
 	cr_assert_eq(ein->n_closure, 2);
 	cr_assert_str_eq(g->ops[ein->closure[0]].name, "moe.permute");
 	cr_assert_str_eq(g->ops[ein->closure[1]].name, "moe.dispatch");
-	/* Workspace: the permuted rows, e * N_balanced * h = 2 * 512 * 64. */
-	cr_assert_eq(ein->workspace_bytes.base, 65536);
+	/* Workspace: the permuted rows, e * N_balanced * h = 2 * 512 * 64 =
+	 * 65,536, and their fp32 probabilities, 4 * 512 = 2,048. */
+	cr_assert_eq(ein->workspace_bytes.base, 65536 + 2048);
 	cr_assert_eq(ein->workspace_bytes.per_n, 0);
 	const kiln_unit *probs = &set->units[unit_named(set, "moe.probs")];
 	/* fp32 logits: 4 * Tr * E = 4 * 256 * 8. */
@@ -300,7 +307,7 @@ Test(activations, dropout_units_flag_rng)
 		cr_assert_geq(u, 0, "%s", rng[i]);
 		cr_assert(set->units[u].flags & KILN_UNIT_RNG, "%s", rng[i]);
 	}
-	static const char *const plain[] = {"attn.q", "attn.softmax", "moe.probs",
+	static const char *const plain[] = {"attn.qkv", "attn.softmax", "moe.probs",
 	                                    "moe.expert_act"};
 	for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
 		int32_t u = unit_named(set, plain[i]);

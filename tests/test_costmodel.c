@@ -182,6 +182,59 @@ Test(costmodel_static, sgd_unsharded)
 	kiln_arena_free(a);
 }
 
+/* fp32 training (training.dtype fp32) keeps fp32 weights, which are their
+ * own main copy (Megatron's FP32Optimizer): weights 4*88,832 = 355,328,
+ * grads 4*88,832 = 355,328; Adam's two moments 8 bytes per parameter,
+ * sharded: 8*76,544/2 + 8*12,288/2 = 306,176 + 49,152 = 355,328; total
+ * 1,065,984. Unsharded: 8*88,832 = 710,656, total 1,421,312 (16 bytes per
+ * parameter). SGD's momentum alone, unsharded: 4*88,832 = 355,328. */
+Test(costmodel_static, fp32_weights_and_optimizer)
+{
+	kt_model tm;
+	static_model(&tm);
+	tm.m.dtype = KILN_DTYPE_FP32;
+	kiln_arena *a;
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
+	kiln_cost_static s;
+	kiln_cost_stage_static(g, 0, &s);
+	cr_expect_eq(s.params, 88832);
+	cr_expect_eq(s.weights, 355328);
+	cr_expect_eq(s.grads, 355328);
+	cr_expect_eq(s.optimizer, 355328);
+	cr_expect_eq(s.total, 1065984);
+	kiln_arena_free(a);
+
+	tm.m.distributed_optimizer = false;
+	g = kt_lower_ok(&tm.m, &a);
+	kiln_cost_stage_static(g, 0, &s);
+	cr_expect_eq(s.optimizer, 710656);
+	cr_expect_eq(s.total, 1421312);
+	kiln_arena_free(a);
+
+	tm.m.optimizer = KILN_OPTIM_SGD;
+	g = kt_lower_ok(&tm.m, &a);
+	kiln_cost_stage_static(g, 0, &s);
+	cr_expect_eq(s.optimizer, 355328);
+	kiln_arena_free(a);
+}
+
+/* Mixed precision with fp8 activations counts as Megatron's estimator
+ * does (16-bit weights): the bf16 figures of distributed_adam_by_hand. */
+Test(costmodel_static, fp8_counts_as_mixed_precision)
+{
+	kt_model tm;
+	static_model(&tm);
+	tm.m.dtype = KILN_DTYPE_FP8;
+	kiln_arena *a;
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
+	kiln_cost_static s;
+	kiln_cost_stage_static(g, 0, &s);
+	cr_expect_eq(s.weights, 177664);
+	cr_expect_eq(s.grads, 355328);
+	cr_expect_eq(s.optimizer, 532992);
+	kiln_arena_free(a);
+}
+
 /* ---------------------------------------------------------------- inflight */
 
 static void pp_model(kt_model *tm, int64_t pp, int64_t vpp, int64_t mb)

@@ -196,6 +196,46 @@ Test(frontend_valid, moe_model_gets_defaults)
 	cr_expect_eq(m->stage_layers[0], 3); /* 6 / 2, no remainder */
 	cr_expect_eq(m->stage_layers[1], 3);
 	cr_expect_eq(m->hw.memory_gib, 80);
+	/* The memory options default to Megatron-Core's (docs/model-format.md). */
+	cr_expect(m->fused_qkv);
+	cr_expect(m->norm_saves_rstd);
+	cr_expect_eq(m->prob_apply, KILN_PROB_ACTIVATION);
+	cr_expect_not(m->moe_permute_fusion);
+}
+
+/* Each memory option's values, as written. */
+Test(frontend_valid, memory_options_as_written)
+{
+	static const struct {
+		const char *value;
+		kiln_prob_apply want;
+	} pa[] = {{"activation", KILN_PROB_ACTIVATION},
+	          {"expert_output", KILN_PROB_EXPERT_OUTPUT},
+	          {"combine", KILN_PROB_COMBINE}};
+	for (size_t i = 0; i < sizeof pa / sizeof pa[0]; i++) {
+		char text[1024];
+		snprintf(text, sizeof text,
+		         "kiln: 1\n"
+		         "model:\n"
+		         "  layers: 2\n"
+		         "  hidden: 64\n"
+		         "  heads: 4\n"
+		         "  vocab: 100\n"
+		         "  seq_len: 32\n"
+		         "  fused_qkv: %s\n"
+		         "  norm_saves_rstd: %s\n"
+		         "  moe: {experts: 4, top_k: 2, expert_ffn_hidden: 32, prob_apply: %s}\n"
+		         "training: {global_batch: 1}\n"
+		         "parallel: {devices: 1, moe_permute_fusion: %s}\n"
+		         "hardware: bw1000\n",
+		         i % 2 ? "true" : "false", i % 2 ? "false" : "true", pa[i].value,
+		         i % 2 ? "false" : "true");
+		kiln_model *m = load_ok(text);
+		cr_expect_eq(m->prob_apply, pa[i].want, "%s", pa[i].value);
+		cr_expect_eq(m->fused_qkv, i % 2 == 1, "%s", pa[i].value);
+		cr_expect_eq(m->norm_saves_rstd, i % 2 == 0, "%s", pa[i].value);
+		cr_expect_eq(m->moe_permute_fusion, i % 2 == 0, "%s", pa[i].value);
+	}
 }
 
 Test(frontend_valid, design_example_loads)
@@ -316,6 +356,7 @@ Test(frontend_valid, mla_defaults_and_aliases)
 	cr_expect_eq(m->kv_lora_rank, 16);
 	cr_expect_eq(m->rope_head_dim, 8);
 	cr_expect_eq(m->v_head_dim, 16); /* = head_dim = 64 / 4 */
+	cr_expect_not(m->fused_qkv);     /* q and kv have projections of their own */
 }
 
 Test(frontend_valid, moe_without_dense_layers_needs_no_ffn_hidden)
@@ -766,6 +807,52 @@ Test(frontend_rules, enums_list_allowed_values)
 	expect_in_diag("m.yaml:11:53: error: optimizer must be one of adam, sgd; got 'lion'");
 	expect_in_diag("m.yaml:12:34: error: schedule must be one of 1f1b, interleaved; got "
 	               "'gpipe'");
+}
+
+/* The memory options (docs/model-format.md, "Memory options"): a bad value
+ * is an error at the value; an option that cannot apply to the model is an
+ * error at its value too. */
+Test(frontend_rules, memory_options_rejected_at_their_values)
+{
+	expect_invalid(DENSE_MODEL "  fused_qkv: maybe\n"
+	                           "  norm_saves_rstd: 2\n"
+	                           "training: {global_batch: 1}\n"
+	                           "parallel: {devices: 1, moe_permute_fusion: true}\n"
+	                           "hardware: bw1000\n",
+	               "m.yaml:9:14: error: fused_qkv must be true or false, got 'maybe'");
+	expect_in_diag("m.yaml:10:20: error: norm_saves_rstd must be true or false, got '2'");
+	expect_in_diag("m.yaml:12:44: error: moe_permute_fusion needs a moe section");
+	expect_invalid("kiln: 1\n"
+	               "model:\n"
+	               "  layers: 2\n"
+	               "  hidden: 64\n"
+	               "  heads: 4\n"
+	               "  vocab: 100\n"
+	               "  seq_len: 32\n"
+	               "  moe:\n"
+	               "    experts: 4\n"
+	               "    top_k: 2\n"
+	               "    expert_ffn_hidden: 32\n"
+	               "    prob_apply: router\n"
+	               "training: {global_batch: 1}\n"
+	               "parallel: {devices: 1, moe_permute_fusion: 1}\n"
+	               "hardware: bw1000\n",
+	               "m.yaml:12:17: error: prob_apply must be one of activation, expert_output, "
+	               "combine; got 'router'");
+	expect_in_diag("m.yaml:14:44: error: moe_permute_fusion must be true or false, got '1'");
+	expect_invalid("kiln: 1\n"
+	               "model:\n"
+	               "  layers: 2\n"
+	               "  hidden: 64\n"
+	               "  heads: 4\n"
+	               "  vocab: 100\n"
+	               "  seq_len: 32\n"
+	               "  mla: {kv_lora_rank: 16, rope_head_dim: 8}\n"
+	               "  fused_qkv: false\n"
+	               "training: {global_batch: 1}\n"
+	               "parallel: {devices: 1}\n"
+	               "hardware: bw1000\n",
+	               "m.yaml:9:14: error: fused_qkv does not apply with mla");
 }
 
 Test(frontend_rules, dropout_max_factor_and_booleans)

@@ -250,6 +250,194 @@ Test(lower_moe, expert_bytes_linear_in_n)
 	kiln_arena_free(a);
 }
 
+/* ------------------------------------------------ memory options (issue 15)
+ *
+ * moe_model is kt_model_init's: prob_apply expert_output, an int32 row map,
+ * separate q, k, v, no rstd (the tests above). Below, each option value by
+ * hand, T = 128, h = 64, H = kv = 4, d = 16, E = 8, k = 2, fe = 128, bf16,
+ * tp 1, so Nb = T*k = 256 rows sent. */
+
+static uint64_t tensor_per_n(const kiln_ir_graph *g, int32_t l, const char *name)
+{
+	int32_t t = find_tensor(g, l, name);
+	cr_assert_geq(t, 0, "%s", name);
+	return g->tensors[t].bytes.per_n;
+}
+
+static bool tensor_saved(const kiln_ir_graph *g, int32_t l, const char *name)
+{
+	int32_t t = find_tensor(g, l, name);
+	return t >= 0 && (g->tensors[t].flags & KILN_T_SAVED);
+}
+
+/* Megatron-Core's defaults: prob_apply activation, fused QKV, rstd saved,
+ * unfused permutation (int64 row map).
+ *   constant: ln1.in, attn.qkv_in, attn.out, ln2.in, moe.in 2*128*64 =
+ *   16,384 each (81,920); attn.qkv 2*128*(4*16 + 2*4*16) = 49,152; attn.lse
+ *   4*4*128 = 2,048; moe.probs 4*128*8 = 4,096; ln1.rstd, ln2.rstd 4*128 =
+ *   512 each: 138,240.
+ *   per row: perm_idx 8 + expert_in 2*64 + expert_probs 4 + expert_up
+ *   2*256 + expert_act 2*128 = 908; no expert_out.
+ *   The dispatch sends each row with its fp32 probability: 2*64 + 4 = 132
+ *   bytes per row; the unpermute's backward reads only the row map. */
+Test(lower_moe, prob_apply_activation_by_hand)
+{
+	kt_model tm;
+	moe_model(&tm);
+	tm.m.prob_apply = KILN_PROB_ACTIVATION;
+	tm.m.fused_qkv = true;
+	tm.m.norm_saves_rstd = true;
+	tm.m.moe_permute_fusion = false;
+	kiln_arena *a;
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
+	int32_t l = first_layer_of(g, KILN_LAYER_MOE);
+	kiln_lin act = kiln_cost_layer_activation(g, l);
+	cr_expect_eq(act.base, 138240);
+	cr_expect_eq(act.per_n, 908);
+	cr_expect_eq(tensor_per_n(g, l, "moe.perm_idx"), 8);
+	cr_expect_eq(tensor_per_n(g, l, "moe.expert_probs"), 4);
+	cr_expect(tensor_saved(g, l, "moe.expert_probs"));
+	cr_expect_not(tensor_saved(g, l, "moe.expert_out"));
+	cr_expect_not(tensor_saved(g, l, "moe.combined"));
+	cr_expect_not(tensor_saved(g, l, "moe.row_probs"));
+	cr_expect_eq(g->tensors[find_tensor(g, l, "ln2.rstd")].bytes.base, 512);
+	int32_t d = find_op(g, l, "moe.dispatch");
+	cr_expect_float_eq(g->ops[d].comm_bytes.per_n, 132.0, 1e-9);
+	/* The weighted SwiGLU's backward reads its input and the probabilities. */
+	int32_t ab = find_op(g, l, "moe.expert_act.bwd");
+	cr_assert_eq(g->ops[ab].n_inputs, 2);
+	cr_expect_eq(g->ops[ab].inputs[0], find_tensor(g, l, "moe.expert_up"));
+	cr_expect_eq(g->ops[ab].inputs[1], find_tensor(g, l, "moe.expert_probs"));
+	int32_t ub = find_op(g, l, "moe.unpermute.bwd");
+	cr_assert_eq(g->ops[ub].n_inputs, 1);
+	cr_expect_eq(g->ops[ub].inputs[0], find_tensor(g, l, "moe.perm_idx"));
+	kiln_arena_free(a);
+}
+
+/* GeLU experts have no fused weighted kernel: GeLU's output is saved by the
+ * multiply too. Per row: perm_idx 8 + expert_in 128 + expert_probs 4 +
+ * expert_up 2*128 + expert_act_raw 2*128 + expert_act 2*128 = 908 (the
+ * same total as SwiGLU's 512 + 256 by coincidence; the tensors differ). */
+Test(lower_moe, prob_apply_activation_gelu)
+{
+	kt_model tm;
+	moe_model(&tm);
+	tm.m.moe_activation = KILN_FN_GELU;
+	tm.m.prob_apply = KILN_PROB_ACTIVATION;
+	tm.m.moe_permute_fusion = false;
+	kiln_arena *a;
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
+	int32_t l = first_layer_of(g, KILN_LAYER_MOE);
+	cr_expect_eq(kiln_cost_layer_activation(g, l).per_n, 908);
+	cr_expect_eq(tensor_per_n(g, l, "moe.expert_up"), 256);
+	cr_expect_eq(tensor_per_n(g, l, "moe.expert_act_raw"), 256);
+	cr_expect(tensor_saved(g, l, "moe.expert_act_raw"));
+	kiln_arena_free(a);
+}
+
+/* combine: the probabilities multiply the combined rows on the token side,
+ * which are saved with their probabilities and do not grow with the load.
+ * With the int32 row map, separate q, k, v and no rstd (moe_model):
+ *   constant: the expert_output figure of expert_bytes_linear_in_n,
+ *   16*T*64 + 4*4*T + 4*T*8 = 137,216, plus moe.combined 2*256*64 =
+ *   32,768 and moe.row_probs 4*256 = 1,024: 171,008.
+ *   per row: perm_idx 4 + expert_in 128 + expert_up 512 + expert_act 256
+ *   = 900. */
+Test(lower_moe, prob_apply_combine_by_hand)
+{
+	kt_model tm;
+	moe_model(&tm);
+	tm.m.prob_apply = KILN_PROB_COMBINE;
+	kiln_arena *a;
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
+	int32_t l = first_layer_of(g, KILN_LAYER_MOE);
+	kiln_lin act = kiln_cost_layer_activation(g, l);
+	cr_expect_eq(act.base, 171008);
+	cr_expect_eq(act.per_n, 900);
+	cr_expect(tensor_saved(g, l, "moe.combined"));
+	cr_expect_eq(g->tensors[find_tensor(g, l, "moe.combined")].bytes.base, 32768);
+	cr_expect_eq(g->tensors[find_tensor(g, l, "moe.row_probs")].bytes.base, 1024);
+	cr_expect_not(tensor_saved(g, l, "moe.expert_out"));
+	int32_t ub = find_op(g, l, "moe.unpermute.bwd");
+	cr_expect_eq(g->ops[ub].n_inputs, 3); /* row map, rows, probabilities */
+	/* No probability travels with the rows. */
+	cr_expect_float_eq(g->ops[find_op(g, l, "moe.dispatch")].comm_bytes.per_n, 128.0, 1e-9);
+	kiln_arena_free(a);
+}
+
+/* fused_qkv: one tensor of e*T*(H*d + 2*kv*d) bytes that every reader of
+ * q, k or v reads once, and one unit. With GQA (kv = 2): 2*128*(4*16 +
+ * 2*2*16) = 32,768 = q 16,384 + k 8,192 + v 8,192. */
+Test(lower_structure, fused_qkv_is_one_tensor_and_one_unit)
+{
+	kt_model tm;
+	kt_model_init(&tm);
+	tm.m.kv_heads = 2;
+	tm.m.fused_qkv = true;
+	kt_model_finish(&tm);
+	kiln_arena *a;
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
+	int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
+	int32_t qkv = find_tensor(g, l, "attn.qkv");
+	cr_assert_geq(qkv, 0);
+	cr_expect_eq(g->tensors[qkv].bytes.base, 32768);
+	cr_expect_eq(find_tensor(g, l, "attn.k"), -1);
+	int32_t core = find_op(g, l, "attn.core");
+	cr_assert_eq(g->ops[core].n_inputs, 1);
+	cr_expect_eq(g->ops[core].inputs[0], qkv);
+	int32_t cb = find_op(g, l, "attn.core.bwd"); /* q, k, v, out, lse -> 3 */
+	cr_expect_eq(g->ops[cb].n_inputs, 3);
+	/* The same bytes as the three separate tensors: 16,384 + 2 * 8,192. */
+	tm.m.fused_qkv = false;
+	kiln_arena *b;
+	kiln_ir_graph *g2 = kt_lower_ok(&tm.m, &b);
+	int32_t l2 = first_layer_of(g2, KILN_LAYER_DENSE);
+	cr_expect_eq(g2->tensors[find_tensor(g2, l2, "attn.k")].bytes.base, 8192);
+	cr_expect_eq(kiln_cost_layer_activation(g, l).base,
+	             kiln_cost_layer_activation(g2, l2).base);
+	kiln_unit_set *sets;
+	int32_t n;
+	cr_assert_eq(kiln_pass_activations(g, a, &sets, &n), 0);
+	int32_t found = 0;
+	for (int32_t u = 0; u < sets[0].n_units; u++) {
+		cr_expect_neq(strcmp(sets[0].units[u].name, "attn.k"), 0);
+		if (!strcmp(sets[0].units[u].name, "attn.qkv")) {
+			found++;
+			cr_expect_eq(sets[0].units[u].bytes.base, 32768);
+		}
+	}
+	cr_expect_eq(found, 1);
+	kiln_arena_free(b);
+	kiln_arena_free(a);
+}
+
+/* norm_saves_rstd: each norm saves 4 bytes per row it normalises: ln1 and
+ * ln2 4*T = 512 each in a dense layer (T = 128), the final norm 512 in the
+ * head. */
+Test(lower_structure, norms_save_rstd)
+{
+	kt_model tm;
+	kt_model_init(&tm);
+	kt_model_finish(&tm);
+	kiln_arena *a;
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
+	int32_t l = first_layer_of(g, KILN_LAYER_DENSE);
+	uint64_t without = kiln_cost_layer_activation(g, l).base;
+	int32_t hl = first_layer_of(g, KILN_LAYER_HEAD);
+	uint64_t head_without = kiln_cost_layer_activation(g, hl).base;
+	cr_expect_eq(find_tensor(g, l, "ln1.rstd"), -1);
+	kiln_arena_free(a);
+	tm.m.norm_saves_rstd = true;
+	g = kt_lower_ok(&tm.m, &a);
+	cr_expect_eq(kiln_cost_layer_activation(g, l).base, without + 2 * 512);
+	cr_expect_eq(g->tensors[find_tensor(g, l, "ln1.rstd")].bytes.base, 512);
+	cr_expect(tensor_saved(g, l, "ln2.rstd"));
+	cr_expect_eq(kiln_cost_layer_activation(g, hl).base, head_without + 512);
+	int32_t nb = find_op(g, l, "ln1.bwd"); /* input and rstd */
+	cr_expect_eq(g->ops[nb].n_inputs, 2);
+	kiln_arena_free(a);
+}
+
 /* GeLU experts: 2*64 + 2*128 + 2*128 + 2*64 + 4 = 772 bytes per row. */
 Test(lower_moe, gelu_expert_bytes)
 {

@@ -115,8 +115,9 @@ static tiny_dims dims_of(const kiln_ir_graph *g)
 }
 
 /* Quantum: with the shipped tiny (h 64, T 256, E 8, k 2, f_e 128) the MoE
- * layer saves 241,664 + 1,028 N bytes, 768,000 at N = 512, so q =
- * ceil(768000 / 1024) = 750; memory.c counts the layer independently. */
+ * layer saves 243,712 + 908 N bytes, 708,608 at N = 512, so q =
+ * ceil(708608 / 1024) = 692 (tiny_quantum_by_hand below); memory.c counts
+ * the layer independently. */
 Test(options, tiny_quantum_and_copy_link)
 {
 	kiln_ir_graph *g = lower_file("examples/models/tiny.yaml");
@@ -129,7 +130,7 @@ Test(options, tiny_quantum_and_copy_link)
 	double total = kiln_lin_at(kiln_cost_layer_activation(g, set->layer), d.n);
 	uint64_t q = (uint64_t)ceil(total / 1024);
 	cr_assert_eq(in.quantum_bytes, q);
-	/* q bytes at the slower link direction (10 GB/s: 0.075 us for 750). */
+	/* q bytes at the slower link direction (10 GB/s: 0.0692 us for 692). */
 	double us_per_q = (double)q / d.link_b_per_us;
 	cr_assert_float_eq(in.offload_us_per_q, us_per_q, 1e-12);
 	/* Idle window: the layer's forward and backward time at N. */
@@ -142,10 +143,11 @@ Test(options, tiny_quantum_and_copy_link)
 	cr_assert_gt(in.free_offload_q, 0);
 }
 
-/* moe.expert_act: e f_e N bytes (shipped tiny: 256 * 512 = 131,072, 174
- * quanta saved rounding down, 175 offloaded rounding up); its recompute
- * re-runs expert_act alone, whose traffic e * (2 f_e + f_e) * N (768 * 512
- * = 393,216 bytes) runs at hbm_gbps (100 GB/s: 3.93216 us). Nothing shares
+/* moe.expert_act: e f_e N bytes (shipped tiny: 256 * 512 = 131,072, 189
+ * quanta of 692 saved rounding down, 190 offloaded rounding up); its
+ * recompute re-runs the weighted SwiGLU alone, whose traffic (e * (2 f_e +
+ * f_e) + 4) * N (reading each row's fp32 probability too: 772 * 512 =
+ * 395,264 bytes) runs at hbm_gbps (100 GB/s: 3.95264 us). Nothing shares
  * that op: three choices. */
 Test(options, tiny_expert_act_choices)
 {
@@ -156,7 +158,7 @@ Test(options, tiny_expert_act_choices)
 	cr_assert_eq(kiln_pass_options(g, set, d.n, &ADAPTIVE, arena, &in), 0);
 	double bytes = d.e * d.fe * d.n, q = (double)in.quantum_bytes;
 	uint32_t saved_q = (uint32_t)floor(bytes / q), off_q = (uint32_t)ceil(bytes / q);
-	double rec_us = d.e * 3 * d.fe * d.n / d.hbm_b_per_us;
+	double rec_us = (d.e * 3 * d.fe + 4) * d.n / d.hbm_b_per_us;
 	int32_t pos;
 	const kiln_plan_group *gr = group_of(&in, unit_named(set, "moe.expert_act"), &pos);
 	cr_assert_eq(gr->n_units, 1);
@@ -192,16 +194,19 @@ Test(options, tiny_expert_act_choices)
 /* The adaptive instance never recomputes moe.expert_in (its closure runs the
  * dispatch all-to-all) nor ln1.in; with collective recompute allowed
  * (static baselines) expert_in recomputes, sharing moe.permute with
- * perm_idx: permute traffic e*Tr*h + e*N*h + 4N (32,768 + 65,536 + 2,048
- * bytes) at hbm_gbps, plus the dispatch all-to-all, (ep - 1)/ep * e*h*N
- * bytes at the EP group's link (ep 4: 49,152 bytes at 50 GB/s). */
+ * perm_idx and the dispatch with expert_probs (one group of three):
+ * permute traffic e*Tr*h + e*N*h + 8N (int64 row map) + 4N (the rows'
+ * fp32 probabilities; N = Tr*k at load 1) = 32,768 + 65,536 + 4,096 +
+ * 2,048 bytes at hbm_gbps, plus the dispatch all-to-all of rows and
+ * probabilities, (ep - 1)/ep * (e*h + 4)*N bytes at the EP group's link
+ * (ep 4: 50,688 bytes at 50 GB/s). */
 Test(options, tiny_collective_and_layer_input)
 {
 	kiln_ir_graph *g = lower_file("examples/models/tiny.yaml");
 	tiny_dims d = dims_of(g);
 	const double TINY_N = d.n;
-	double want_us = (d.e * d.T * d.h + d.e * d.n * d.h + 4 * d.n) / d.hbm_b_per_us +
-	                 (d.ep - 1) / d.ep * d.e * d.h * d.n / d.ep_b_per_us;
+	double want_us = (d.e * d.T * d.h + d.e * d.n * d.h + 8 * d.n + 4 * d.n) / d.hbm_b_per_us +
+	                 (d.ep - 1) / d.ep * (d.e * d.h + 4) * d.n / d.ep_b_per_us;
 	const kiln_unit_set *set = tiny_moe(g);
 	int32_t ein = unit_named(set, "moe.expert_in"), idx = unit_named(set, "moe.perm_idx");
 	int32_t in0 = unit_named(set, "ln1.in");
@@ -223,7 +228,8 @@ Test(options, tiny_collective_and_layer_input)
 	int32_t pe, pi;
 	const kiln_plan_group *gr = group_of(&in, ein, &pe);
 	cr_assert_eq(group_of(&in, idx, &pi), gr);
-	cr_assert_eq(gr->n_units, 2);
+	cr_assert_eq(group_of(&in, unit_named(set, "moe.expert_probs"), &pi), gr);
+	cr_assert_eq(gr->n_units, 3);
 	bool found = false;
 	for (int32_t c = 0; c < gr->n_choices; c++) {
 		const kiln_plan_choice *ch = &gr->choices[c];
@@ -765,14 +771,16 @@ Test(options, instance_check_rejects_malformed)
 
 /* tiny's MoE layer at load 1, by hand (h 64, T = s*b = 128*2 = 256 tokens,
  * 4 heads of 16, 2 kv heads, flash, no dropout, 8 experts, top-2, expert
- * width 128, SwiGLU, bf16, tp 1, so N = T * top_k = 512 rows):
- *   constant: ln1.in, attn.qkv_in, attn.q, attn.out, ln2.in, moe.in at
- *   2*256*64 = 32,768 each (6 x = 196,608); attn.k, attn.v 2*256*2*16 =
- *   16,384 each; attn.lse 4*4*256 = 4,096; moe.probs 4*256*8 = 8,192:
- *   241,664 bytes.
- *   per row: perm_idx 4 + expert_in 128 + expert_up 512 + expert_act 256 +
- *   expert_out 128 = 1,028 bytes; x 512 = 526,336.
- *   total 241,664 + 526,336 = 768,000 bytes; quantum ceil(768,000 / 1,024) = 750. */
+ * width 128, SwiGLU, bf16, tp 1, so N = T * top_k = 512 rows; the memory
+ * options' defaults: fused QKV, saved rstd, probabilities in the weighted
+ * SwiGLU, unfused permutation):
+ *   constant: ln1.in, attn.qkv_in, attn.out, ln2.in, moe.in at 2*256*64 =
+ *   32,768 each (5 x = 163,840); attn.qkv 2*256*(4*16 + 2*2*16) = 65,536;
+ *   attn.lse 4*4*256 = 4,096; moe.probs 4*256*8 = 8,192; ln1.rstd and
+ *   ln2.rstd 4*256 = 1,024 each: 243,712 bytes.
+ *   per row: perm_idx 8 (int64) + expert_in 128 + expert_probs 4 +
+ *   expert_up 512 + expert_act 256 = 908 bytes; x 512 = 464,896.
+ *   total 243,712 + 464,896 = 708,608 bytes; quantum ceil(708,608 / 1,024) = 692. */
 Test(options, tiny_quantum_by_hand)
 {
 	kiln_ir_graph *g = lower_file("examples/models/tiny.yaml");
@@ -780,11 +788,11 @@ Test(options, tiny_quantum_by_hand)
 	kiln_plan_instance in;
 	cr_assert_eq(kiln_pass_options(g, set, 512.0, &ADAPTIVE, arena, &in), 0);
 	cr_assert_eq(g->layers[set->layer].n_balanced, 512.0);
-	cr_assert_eq(in.quantum_bytes, 750);
+	cr_assert_eq(in.quantum_bytes, 692);
 	double total = 0;
 	for (int32_t u = 0; u < set->n_units; u++)
 		total += kiln_lin_at(set->units[u].bytes, 512.0);
-	cr_assert_eq(total, 768000.0);
-	/* Copy rate: 750 bytes at min(10, 10) GB/s = 0.075 us per quantum. */
-	cr_assert_float_eq(in.offload_us_per_q, 0.075, 1e-12);
+	cr_assert_eq(total, 708608.0);
+	/* Copy rate: 692 bytes at min(10, 10) GB/s = 0.0692 us per quantum. */
+	cr_assert_float_eq(in.offload_us_per_q, 0.0692, 1e-12);
 }
