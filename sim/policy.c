@@ -340,12 +340,9 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 {
 	const kiln_compilation *c = p->c;
 	const kiln_unit_set *S = &c->sets[set];
-	double bal = S->kind == KILN_LAYER_MOE ? c->graph->layers[S->layer].n_balanced : 0;
-	double r = bal > 0 ? n / bal : 0;
 	if (!p->rt) {
-		int32_t b = kiln_plan_bucket_of(c->buckets, c->n_buckets, r);
-		if (b >= c->n_buckets)
-			b = c->n_buckets - 1;
+		double r;
+		int32_t b = kiln_sim_policy_bucket(c, set, n, &r);
 		if (p->kind == KILN_SIM_MINDSPEED && r > 2.0)
 			fill(p, p->hot_forms[set], n,
 			     static_cost(p, p->hot_costs, p->hot_actions[set], set, b), out);
@@ -398,6 +395,59 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	plan_form tmp;
 	fill(p, plan_form_of(p, set, &plan, &tmp), n, &co, out);
 	out->over_budget = (plan.flags & KILN_PLAN_OVER_BUDGET) != 0;
+}
+
+int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const uint64_t *buckets,
+                                  int cold, int hot, double *out)
+{
+	if (p->rt || !p->costs)
+		return -1;
+	/* mindspeed-threshold's plan below 2x is its only plan elsewhere. */
+	cold |= !p->hot_actions;
+	hot &= p->hot_actions != NULL;
+	int32_t nb =
+	    p->c->n_buckets < KILN_SIM_MAX_BUCKETS ? p->c->n_buckets : KILN_SIM_MAX_BUCKETS;
+	double most = 0;
+	for (int32_t k = 0; k < nb; k++) {
+		if (!(buckets[k / 64] >> (k % 64) & 1))
+			continue;
+		const cost *co;
+		double ex;
+		if (cold) {
+			co = static_cost(p, p->costs, p->actions[set], set, k);
+			ex = p->serial ? co->serial_us : co->exposed_us;
+			most = ex > most ? ex : most;
+		}
+		if (hot) {
+			co = static_cost(p, p->hot_costs, p->hot_actions[set], set, k);
+			ex = p->serial ? co->serial_us : co->exposed_us;
+			most = ex > most ? ex : most;
+		}
+	}
+	*out = most;
+	return 0;
+}
+
+int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *res_base,
+                                double *res_per_n, double *tr_base, double *tr_per_n)
+{
+	if (p->rt || !p->forms)
+		return -1;
+	const plan_form *f = p->forms[set], *h = p->hot_forms[set];
+	*res_base = f->res_base > h->res_base ? f->res_base : h->res_base;
+	*res_per_n = f->res_per_n > h->res_per_n ? f->res_per_n : h->res_per_n;
+	*tr_base = f->tr_base > h->tr_base ? f->tr_base : h->tr_base;
+	*tr_per_n = f->tr_per_n > h->tr_per_n ? f->tr_per_n : h->tr_per_n;
+	return 0;
+}
+
+int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, double n, double *r)
+{
+	const kiln_unit_set *S = &c->sets[set];
+	double bal = S->kind == KILN_LAYER_MOE ? c->graph->layers[S->layer].n_balanced : 0;
+	*r = bal > 0 ? n / bal : 0;
+	int32_t b = kiln_plan_bucket_of(c->buckets, c->n_buckets, *r);
+	return b >= c->n_buckets ? c->n_buckets - 1 : b;
 }
 
 void kiln_sim_policy_free(kiln_sim_policy *p)
