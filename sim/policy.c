@@ -81,6 +81,10 @@ struct kiln_sim_policy {
 	/* Adaptive policies: per (set, plan pool index) the plan's form, built
 	 * on first use (sets with the same units share pool plans). */
 	plan_form **plan_forms;
+	/* Adaptive policies: per (set, bucket) the last plan chosen there and
+	 * its point in the table (plan -1 until then), as a decision repeats
+	 * the last one's plan most of the time. */
+	int32_t (*last_point)[2];
 };
 
 /* The form of actions for set in f; returns f (NULL when f is). */
@@ -267,8 +271,12 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const
 			return -1;
 		p->plan_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)c->n_sets *
 		                                        (size_t)(c->pool->n + 1));
-		if (!p->plan_forms)
+		size_t n_tables = (size_t)c->n_sets * (size_t)c->n_buckets;
+		p->last_point = kiln_arena_alloc(a, sizeof *p->last_point * (n_tables + 1));
+		if (!p->plan_forms || !p->last_point)
 			return -1;
+		for (size_t i = 0; i < n_tables; i++)
+			p->last_point[i][0] = p->last_point[i][1] = -1;
 	} else if (prepare_static(p, a) != 0) {
 		return -1;
 	} else {
@@ -366,9 +374,17 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	 * the compilation number plans alike). */
 	const kiln_plan_table *t = table(c, set, plan.bucket);
 	cost co = {plan.exposed_us, plan.exposed_us, 0};
-	int32_t k = 0;
-	while (k < t->n_points && t->plan[k] != plan.plan)
-		k++;
+	int32_t k = 0, *last = NULL;
+	if (plan.bucket >= 0 && plan.bucket < c->n_buckets)
+		last = p->last_point[(size_t)set * (size_t)c->n_buckets + (size_t)plan.bucket];
+	if (last && last[0] == plan.plan && last[0] >= 0) {
+		k = last[1];
+	} else {
+		while (k < t->n_points && t->plan[k] != plan.plan)
+			k++;
+		if (last && k < t->n_points)
+			last[0] = plan.plan, last[1] = k;
+	}
 	if (k < t->n_points && p->frontier_costs) {
 		cost **fcs = p->frontier_costs;
 		int32_t fid = t->frontier_id;
