@@ -376,8 +376,8 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
  * shape alone (docs/cli.md, "Cost bounds"). The work is layer decisions:
  * per iteration, simulated EP group and policy, every layer of every stage
  * for every micro-batch, once per rank followed (exact: ep; the
- * statistical method: the envelope and min(ep, 4) candidates); the
- * pipeline's 2 * p * v * m ops per run are fewer. The memory is what one
+ * statistical method: at most 1 + ep, the envelope and every rank, and
+ * usually far fewer); the pipeline's 2 * p * v * m ops per run are fewer. The memory is what one
  * iteration holds (nothing grows with iterations). */
 typedef struct kiln_sim_cost {
 	double groups, layers, microbatches, passes; /* the factors of per_iteration, with n */
