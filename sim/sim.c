@@ -320,11 +320,14 @@ static void envelope_rows(const world *w, const double *loads, int32_t i0, int32
  * (kiln_sim_policy_exposed_bound), its memory never counted. memory:
  * whether this rank's memory counts (peak, out-of-memory); timed: whether
  * its layer times do; weight: how many ranks of the group have exactly
- * this rank's loads (and so its decisions), for the over-budget count. */
+ * this rank's loads (and so its decisions), for the over-budget count;
+ * stages s0 .. s1 - 1 only (each stage's part of a pass is independent of
+ * the others'). */
 static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, const envelope *env,
-                     int32_t rank, int64_t weight, int memory, int timed, scratch *sc)
+                     int32_t rank, int64_t weight, int memory, int timed, int32_t s0, int32_t s1,
+                     scratch *sc)
 {
-	for (int32_t s = 0; s < w->p; s++) {
+	for (int32_t s = s0; s < s1; s++) {
 		const stage_info *si = &w->stages[s];
 		if (sc->acct)
 			kiln_rt_acct_reset(sc->acct, s, 0);
@@ -491,6 +494,12 @@ typedef struct run {
 	int32_t *uniq, n_uniq, *slots;
 	int64_t *weight;
 	size_t n_slots;
+	/* And per stage (ep entries each), over its MoE layers' samples:
+	 * stage_rows[stage_begin[s] .. stage_begin[s + 1]) are their offsets,
+	 * all_rows every offset in order. */
+	int32_t *uniq_s, *n_uniq_s;
+	int64_t *weight_s;
+	size_t *stage_rows, *stage_begin, *all_rows;
 	/* Per policy, this iteration: the slowest group's time, whether a
 	 * device ran out of memory, the exposed recompute and copies. */
 	double worst[64], rec[64], copy[64];
@@ -641,35 +650,37 @@ static void static_memory(run *r, int32_t k, const world *pw, const envelope *en
 			need = b > seen || (!unb && !sc->oom && b > pw->stages[s].capacity);
 		}
 		if (need)
-			run_rank(pw, pol, unb, env, r->uniq[u], r->weight[u], 1, 0, sc);
+			run_rank(pw, pol, unb, env, r->uniq[u], r->weight[u], 1, 0, 0, pw->p, sc);
 	}
 }
 
-/* Whether ranks a and b have the same load in every sample of the
- * iteration (compared as numbers: 0 and -0 alike). */
-static int same_loads(const world *w, const double *loads, size_t rows, int32_t a, int32_t b)
+/* Whether ranks a and b have the same load in each of the n samples at
+ * offsets list[0 .. n) (compared as numbers: 0 and -0 alike). */
+static int same_loads(const world *w, const double *loads, const size_t *list, size_t n, int32_t a,
+                      int32_t b)
 {
-	for (size_t x = 0; x < rows; x++)
-		if (loads[x * (size_t)w->ep + (size_t)a] != loads[x * (size_t)w->ep + (size_t)b])
+	for (size_t j = 0; j < n; j++) {
+		size_t x = list[j] * (size_t)w->ep;
+		if (loads[x + (size_t)a] != loads[x + (size_t)b])
 			return 0;
+	}
 	return 1;
 }
 
-/* The distinct load columns of the group's iteration: ranks with the same
- * loads make the same decisions under any policy (a rank's pass is a
- * function of its loads alone), so the statistical method follows one of
- * them, weighted. */
-static void distinct_ranks(run *r)
+/* The distinct columns of the group's loads over the samples at offsets
+ * list[0 .. n) (each a (micro-batch, MoE layer)): one rank of each, the
+ * lowest, into uniq, and how many ranks share it into weight. Returns
+ * their number. */
+static int32_t distinct_of(run *r, const size_t *list, size_t n, int32_t *uniq, int64_t *weight)
 {
 	const world *w = r->w;
-	size_t rows = (size_t)w->m * (size_t)(w->n_moe ? w->n_moe : 1);
+	int32_t n_uniq = 0;
 	for (size_t x = 0; x < r->n_slots; x++)
 		r->slots[x] = -1;
-	r->n_uniq = 0;
 	for (int32_t k = 0; k < w->ep; k++) {
 		uint64_t h = 0x9e3779b97f4a7c15u;
-		for (size_t x = 0; x < rows; x++) {
-			double v = r->loads[x * (size_t)w->ep + (size_t)k];
+		for (size_t j = 0; j < n; j++) {
+			double v = r->loads[list[j] * (size_t)w->ep + (size_t)k];
 			uint64_t bits;
 			v = v == 0 ? 0 : v;
 			memcpy(&bits, &v, sizeof bits);
@@ -680,18 +691,37 @@ static void distinct_ranks(run *r)
 		int32_t found = -1;
 		for (; r->slots[at] >= 0; at = (at + 1) & (r->n_slots - 1)) {
 			int32_t u = r->slots[at];
-			if (same_loads(w, r->loads, rows, r->uniq[u], k)) {
+			if (same_loads(w, r->loads, list, n, uniq[u], k)) {
 				found = u;
 				break;
 			}
 		}
 		if (found >= 0) {
-			r->weight[found]++;
+			weight[found]++;
 			continue;
 		}
-		r->slots[at] = r->n_uniq;
-		r->uniq[r->n_uniq] = k;
-		r->weight[r->n_uniq++] = 1;
+		r->slots[at] = n_uniq;
+		uniq[n_uniq] = k;
+		weight[n_uniq++] = 1;
+	}
+	return n_uniq;
+}
+
+/* Ranks with the same loads make the same decisions under any policy (a
+ * rank's pass is a function of its loads alone, and its part on one stage
+ * of its loads on that stage's layers), so the statistical method follows
+ * one of them, weighted: the distinct columns of the whole iteration (for
+ * the static policies' memory), and of each stage (for the adaptive
+ * policies). */
+static void distinct_ranks(run *r)
+{
+	const world *w = r->w;
+	r->n_uniq = distinct_of(r, r->all_rows, r->stage_begin[w->p], r->uniq, r->weight);
+	for (int32_t s = 0; s < w->p; s++) {
+		size_t b = r->stage_begin[s];
+		r->n_uniq_s[s] =
+		    distinct_of(r, r->stage_rows + b, r->stage_begin[s + 1] - b,
+		                r->uniq_s + (size_t)s * w->ep, r->weight_s + (size_t)s * w->ep);
 	}
 }
 
@@ -714,7 +744,7 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 	double probe;
 	if (cfg->exact) {
 		for (int32_t x = 0; x < w->ep; x++)
-			run_rank(pw, r->pols[k], unb, &env, x, 1, 1, 1, sc);
+			run_rank(pw, r->pols[k], unb, &env, x, 1, 1, 1, 0, pw->p, sc);
 	} else if (pw->monotone && w->ep > 1 && pw->c->n_sets > 0 &&
 	           pw->c->n_buckets <= KILN_SIM_MAX_BUCKETS &&
 	           kiln_sim_policy_exposed_bound(r->pols[k], 0, r->rb[0].bits, 1, 0, &probe) == 0) {
@@ -722,12 +752,17 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 		 * layer's time depends on its load alone and the envelope
 		 * takes as long as the slowest rank. Memory: every rank that
 		 * could raise a peak or fail, untimed. */
-		run_rank(pw, r->pols[k], unb, &env, -1, 1, 0, 1, sc);
+		run_rank(pw, r->pols[k], unb, &env, -1, 1, 0, 1, 0, pw->p, sc);
 		static_memory(r, k, pw, &env, unb, sc);
 	} else {
-		/* An adaptive policy: every distinct rank, in full. */
-		for (int32_t j = 0; j < r->n_uniq; j++)
-			run_rank(pw, r->pols[k], unb, &env, r->uniq[j], r->weight[j], 1, 1, sc);
+		/* An adaptive policy: on each stage, every rank with distinct
+		 * loads there, in full. */
+		for (int32_t s = 0; s < pw->p; s++)
+			for (int32_t j = 0; j < r->n_uniq_s[s]; j++) {
+				size_t at = (size_t)s * w->ep + (size_t)j;
+				run_rank(pw, r->pols[k], unb, &env, r->uniq_s[at], r->weight_s[at],
+				         1, 1, s, s + 1, sc);
+			}
 	}
 	for (int32_t s = 0; s < w->p; s++) {
 		for (int32_t ch = 0; ch < w->v; ch++)
@@ -1017,13 +1052,37 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	r.slots = malloc(sizeof(int32_t) * r.n_slots);
 	r.uniq = malloc(sizeof(int32_t) * (size_t)w.ep);
 	r.weight = malloc(sizeof(int64_t) * (size_t)w.ep);
+	r.uniq_s = malloc(sizeof(int32_t) * (size_t)w.ep * (size_t)w.p);
+	r.weight_s = malloc(sizeof(int64_t) * (size_t)w.ep * (size_t)w.p);
+	r.n_uniq_s = calloc((size_t)w.p, sizeof(int32_t));
+	r.stage_rows = malloc(sizeof(size_t) * (n_rows + 1));
+	r.all_rows = malloc(sizeof(size_t) * (n_rows + 1));
+	r.stage_begin = calloc((size_t)w.p + 1, sizeof(size_t));
+	if (r.stage_rows && r.all_rows && r.stage_begin) {
+		/* Each MoE layer is on one stage: the stages' samples, in order,
+		 * are every sample once. */
+		size_t at = 0;
+		for (int32_t s = 0; s < w.p; s++) {
+			r.stage_begin[s] = at;
+			for (int32_t l = 0; l < w.stages[s].n_layers; l++) {
+				int32_t k = w.stages[s].layers[l].moe_index;
+				for (int32_t i = 0; k >= 0 && i < w.m; i++)
+					r.stage_rows[at++] =
+					    (size_t)i * (size_t)w.n_moe + (size_t)k;
+			}
+		}
+		r.stage_begin[w.p] = at;
+		for (size_t x = 0; x < at; x++)
+			r.all_rows[x] = x;
+	}
 	r.pols = calloc((size_t)n, sizeof *r.pols);
 	r.ops = calloc((size_t)n, sizeof *r.ops);
 	r.iter_sum = calloc((size_t)n, sizeof(double));
 	r.since_ckpt = calloc((size_t)n, sizeof(double));
 	int rc = -1, started = 0, barrier = 0;
 	int ok = r.loads && r.top && r.rb && r.sum_n && r.max_n && r.slots && r.uniq && r.weight &&
-	         r.pols && r.ops && r.iter_sum && r.since_ckpt;
+	         r.uniq_s && r.weight_s && r.n_uniq_s && r.stage_rows && r.all_rows &&
+	         r.stage_begin && r.pols && r.ops && r.iter_sum && r.since_ckpt;
 	for (int32_t t = 0; t < threads && ok; t++)
 		ok = scratch_new(&w, n_lay, &wks[t].sc) == 0;
 	if (!ok) {
@@ -1112,6 +1171,12 @@ out:
 	free(r.slots);
 	free(r.uniq);
 	free(r.weight);
+	free(r.uniq_s);
+	free(r.weight_s);
+	free(r.n_uniq_s);
+	free(r.stage_rows);
+	free(r.all_rows);
+	free(r.stage_begin);
 	free(r.iter_sum);
 	free(r.since_ckpt);
 	return rc;
