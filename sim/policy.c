@@ -81,6 +81,10 @@ struct kiln_sim_policy {
 	/* Adaptive policies: per (set, plan pool index) the plan's form, built
 	 * on first use (sets with the same units share pool plans). */
 	plan_form **plan_forms;
+	/* Adaptive policies: per (set, bucket) the last plan chosen there and
+	 * its point in the table (plan -1 until then), as a decision repeats
+	 * the last one's plan most of the time. */
+	int32_t (*last_point)[2];
 };
 
 /* The form of actions for set in f; returns f (NULL when f is). */
@@ -267,8 +271,12 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const
 			return -1;
 		p->plan_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)c->n_sets *
 		                                        (size_t)(c->pool->n + 1));
-		if (!p->plan_forms)
+		size_t n_tables = (size_t)c->n_sets * (size_t)c->n_buckets;
+		p->last_point = kiln_arena_alloc(a, sizeof *p->last_point * (n_tables + 1));
+		if (!p->plan_forms || !p->last_point)
 			return -1;
+		for (size_t i = 0; i < n_tables; i++)
+			p->last_point[i][0] = p->last_point[i][1] = -1;
 	} else if (prepare_static(p, a) != 0) {
 		return -1;
 	} else {
@@ -340,12 +348,9 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 {
 	const kiln_compilation *c = p->c;
 	const kiln_unit_set *S = &c->sets[set];
-	double bal = S->kind == KILN_LAYER_MOE ? c->graph->layers[S->layer].n_balanced : 0;
-	double r = bal > 0 ? n / bal : 0;
 	if (!p->rt) {
-		int32_t b = kiln_plan_bucket_of(c->buckets, c->n_buckets, r);
-		if (b >= c->n_buckets)
-			b = c->n_buckets - 1;
+		double r;
+		int32_t b = kiln_sim_policy_bucket(c, set, n, &r);
 		if (p->kind == KILN_SIM_MINDSPEED && r > 2.0)
 			fill(p, p->hot_forms[set], n,
 			     static_cost(p, p->hot_costs, p->hot_actions[set], set, b), out);
@@ -369,9 +374,17 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	 * the compilation number plans alike). */
 	const kiln_plan_table *t = table(c, set, plan.bucket);
 	cost co = {plan.exposed_us, plan.exposed_us, 0};
-	int32_t k = 0;
-	while (k < t->n_points && t->plan[k] != plan.plan)
-		k++;
+	int32_t k = 0, *last = NULL;
+	if (plan.bucket >= 0 && plan.bucket < c->n_buckets)
+		last = p->last_point[(size_t)set * (size_t)c->n_buckets + (size_t)plan.bucket];
+	if (last && last[0] == plan.plan && last[0] >= 0) {
+		k = last[1];
+	} else {
+		while (k < t->n_points && t->plan[k] != plan.plan)
+			k++;
+		if (last && k < t->n_points)
+			last[0] = plan.plan, last[1] = k;
+	}
 	if (k < t->n_points && p->frontier_costs) {
 		cost **fcs = p->frontier_costs;
 		int32_t fid = t->frontier_id;
@@ -398,6 +411,59 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	plan_form tmp;
 	fill(p, plan_form_of(p, set, &plan, &tmp), n, &co, out);
 	out->over_budget = (plan.flags & KILN_PLAN_OVER_BUDGET) != 0;
+}
+
+int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const uint64_t *buckets,
+                                  int cold, int hot, double *out)
+{
+	if (p->rt || !p->costs)
+		return -1;
+	/* mindspeed-threshold's plan below 2x is its only plan elsewhere. */
+	cold |= !p->hot_actions;
+	hot &= p->hot_actions != NULL;
+	int32_t nb =
+	    p->c->n_buckets < KILN_SIM_MAX_BUCKETS ? p->c->n_buckets : KILN_SIM_MAX_BUCKETS;
+	double most = 0;
+	for (int32_t k = 0; k < nb; k++) {
+		if (!(buckets[k / 64] >> (k % 64) & 1))
+			continue;
+		const cost *co;
+		double ex;
+		if (cold) {
+			co = static_cost(p, p->costs, p->actions[set], set, k);
+			ex = p->serial ? co->serial_us : co->exposed_us;
+			most = ex > most ? ex : most;
+		}
+		if (hot) {
+			co = static_cost(p, p->hot_costs, p->hot_actions[set], set, k);
+			ex = p->serial ? co->serial_us : co->exposed_us;
+			most = ex > most ? ex : most;
+		}
+	}
+	*out = most;
+	return 0;
+}
+
+int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *res_base,
+                                double *res_per_n, double *tr_base, double *tr_per_n)
+{
+	if (p->rt || !p->forms)
+		return -1;
+	const plan_form *f = p->forms[set], *h = p->hot_forms[set];
+	*res_base = f->res_base > h->res_base ? f->res_base : h->res_base;
+	*res_per_n = f->res_per_n > h->res_per_n ? f->res_per_n : h->res_per_n;
+	*tr_base = f->tr_base > h->tr_base ? f->tr_base : h->tr_base;
+	*tr_per_n = f->tr_per_n > h->tr_per_n ? f->tr_per_n : h->tr_per_n;
+	return 0;
+}
+
+int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, double n, double *r)
+{
+	const kiln_unit_set *S = &c->sets[set];
+	double bal = S->kind == KILN_LAYER_MOE ? c->graph->layers[S->layer].n_balanced : 0;
+	*r = bal > 0 ? n / bal : 0;
+	int32_t b = kiln_plan_bucket_of(c->buckets, c->n_buckets, *r);
+	return b >= c->n_buckets ? c->n_buckets - 1 : b;
 }
 
 void kiln_sim_policy_free(kiln_sim_policy *p)

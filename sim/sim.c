@@ -11,13 +11,15 @@
  * its slowest group. A device over capacity is an out-of-memory failure:
  * a restart plus the progress since the last checkpoint.
  *
- * Exact mode follows every EP rank. The default (statistical) method
- * follows, per group, the KILN_SIM_CANDIDATES ranks with the most rows
- * exactly, for memory and for the layers where one of them is the most
- * loaded, and an envelope rank hot at each other layer alone (the layer's
- * largest load, the memory of a rank at the mean load) for time. Neither
- * is a bound; tests hold it within 6% of exact mode on small models
- * (docs/simulator.md, "Scale").
+ * Exact mode follows every EP rank. The default (statistical) method is
+ * never more optimistic than exact mode on the same loads (no fewer
+ * failures or over-budget decisions, no lower peak, no higher throughput;
+ * docs/simulator.md, "Scale"): ranks with the same loads decide alike, so
+ * one of each is followed, weighted; an adaptive policy follows every such
+ * rank; a static policy, whose decisions ignore free memory, is timed by
+ * an envelope that reproduces the slowest rank of each load bucket at each
+ * layer, and follows for memory only the ranks whose bound on device bytes
+ * (from their rows alone) could raise a peak or exceed the capacity.
  *
  * The policies run on threads (one per online CPU, at most 8): the threads
  * sample each group's loads together, then take the policies one at a
@@ -36,8 +38,6 @@
 #include "sim/sim.h"
 
 #define GRID 33 /* time samples per layer over [0, n_max] */
-/* Ranks per EP group whose memory the statistical method follows exactly. */
-#define KILN_SIM_CANDIDATES 4
 /* Threads a run takes at most (one per online CPU by default). */
 #define KILN_SIM_MAX_THREADS 8
 
@@ -64,6 +64,13 @@ typedef struct world {
 	int32_t p, m, v;
 	int32_t n_moe;   /* MoE layers of the model */
 	int32_t ep, groups;
+	/* Whether every layer's forward and backward times are nondecreasing
+	 * in its rows (on the grid, hence everywhere: interpolation and the
+	 * extended last segment keep the order): the statistical method times
+	 * a static policy by each layer's largest load only when they are. */
+	int monotone;
+	int32_t *moe_set; /* per MoE layer (model order): its unit set, or -1 */
+	double *moe_nbal; /* and its balanced rows */
 	double r_max;  /* the largest load factor routing can produce (sample_share clamps to it) */
 	size_t stride; /* scratch entries per (stage, micro-batch): 2 per layer of the largest stage */
 	kiln_load_shape shape;
@@ -181,6 +188,14 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 			}
 		}
 	}
+	w->monotone = 1;
+	for (int32_t s = 0; s < w->p; s++)
+		for (int32_t i = 0; i < w->stages[s].n_layers; i++)
+			for (int k = 1; k < GRID; k++) {
+				const layer_info *li = &w->stages[s].layers[i];
+				w->monotone &=
+				    li->fwd[k] >= li->fwd[k - 1] && li->bwd[k] >= li->bwd[k - 1];
+			}
 	size_t most = 1;
 	for (int32_t s = 0; s < w->p; s++)
 		most = (size_t)w->stages[s].n_layers > most ? (size_t)w->stages[s].n_layers : most;
@@ -199,6 +214,18 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 				k += g->layers[l].kind == KILN_LAYER_MOE;
 			li->moe_index = k;
 		}
+	w->moe_set = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)(w->n_moe + 1));
+	w->moe_nbal = kiln_arena_alloc(a, sizeof(double) * (size_t)(w->n_moe + 1));
+	if (!w->moe_set || !w->moe_nbal)
+		return -1;
+	for (int32_t s = 0; s < w->p; s++)
+		for (int32_t i = 0; i < w->stages[s].n_layers; i++) {
+			const layer_info *li = &w->stages[s].layers[i];
+			if (li->moe_index >= 0) {
+				w->moe_set[li->moe_index] = li->set;
+				w->moe_nbal[li->moe_index] = li->n_bal;
+			}
+		}
 	kiln_sim_load_shape(c, &w->shape);
 	w->r_max = kiln_sim_load_factor_max(&w->shape);
 	kiln_cost_iteration it;
@@ -216,6 +243,8 @@ typedef struct scratch {
 	double *held;         /* per micro-batch of the current stage: device bytes */
 	double *peak;         /* per stage */
 	size_t n_lay;         /* entries of layer_f and layer_b */
+	double *bound;        /* per (distinct rank, stage): a bound on its device bytes */
+	struct ranked *order; /* the distinct ranks by bound */
 	int oom;
 	int64_t over_budget;
 	kiln_rt *acct;        /* mirror of the kiln policy's memory, or NULL */
@@ -223,44 +252,82 @@ typedef struct scratch {
 	int64_t acct_checks, acct_mismatches;
 } scratch;
 
-/* One group's iteration as every policy sees it: the loads and what the
- * statistical method derives from them, computed once for all policies. */
+/* One group's iteration as every policy sees it: the loads, and per
+ * (micro-batch, MoE layer) the largest factor of any rank. */
 typedef struct envelope {
-	const double *loads;  /* [(i * n_moe + k) * ep + r] */
-	const int32_t *top;   /* per (i, k): the most loaded rank (ties to the lower) */
-	const double *mean;   /* per (i, k): the mean factor over the ranks */
-	const int32_t *cand;  /* ranks followed exactly (the envelope leaves their layers to them) */
-	int32_t n_cand;
+	const double *loads;          /* [(i * n_moe + k) * ep + r] */
+	const double *top;            /* per (i, k): the largest factor over the ranks */
+	const struct row_buckets *rb; /* per (i, k): the load buckets the ranks take */
 } envelope;
 
-/* The most loaded rank and the mean factor of every (micro-batch, MoE
- * layer) of micro-batches i0, i0 + step, ... */
+/* The load buckets the ranks of one (micro-batch, MoE layer) take, as a
+ * static policy's decision finds them (kiln_sim_policy_bucket), and
+ * whether any is at most 2x (cold) and any above (hot). */
+#define ROW_SLOTS 32
+typedef struct row_buckets {
+	uint64_t bits[KILN_SIM_MAX_BUCKETS / 64];
+	int cold, hot;
+	/* Per (bucket, above 2x) the ranks take, the largest factor among
+	 * them; n_slots -1 when more than ROW_SLOTS (the bits then stand). */
+	int32_t n_slots;
+	int32_t key[ROW_SLOTS];
+	double top[ROW_SLOTS];
+} row_buckets;
+
+/* The largest factor and the buckets of every (micro-batch, MoE layer)
+ * of micro-batches i0, i0 + step, ... */
 static void envelope_rows(const world *w, const double *loads, int32_t i0, int32_t step,
-                          int32_t *top, double *mean)
+                          double *top, row_buckets *rb)
 {
 	for (int32_t i = i0; i < w->m; i += step)
 		for (int32_t k = 0; k < w->n_moe; k++) {
 			size_t at = (size_t)i * w->n_moe + k;
 			const double *v = &loads[at * w->ep];
-			int32_t t = 0;
-			double sum = v[0];
-			for (int32_t r = 1; r < w->ep; r++) {
-				t = v[r] > v[t] ? r : t;
-				sum += v[r];
-			}
+			double t = v[0];
+			for (int32_t r = 1; r < w->ep; r++)
+				t = v[r] > t ? v[r] : t;
 			top[at] = t;
-			mean[at] = sum / w->ep;
+			row_buckets *b = &rb[at];
+			memset(b, 0, sizeof *b);
+			int32_t set = w->moe_set[k];
+			for (int32_t r = 0; r < w->ep && set >= 0; r++) {
+				/* n as run_rank computes it, then as the policy does. */
+				double f, n = v[r] * w->moe_nbal[k];
+				int32_t x = kiln_sim_policy_bucket(w->c, set, n, &f);
+				x = x < KILN_SIM_MAX_BUCKETS ? x : KILN_SIM_MAX_BUCKETS - 1;
+				b->bits[x / 64] |= (uint64_t)1 << (x % 64);
+				b->cold |= !(f > 2.0);
+				b->hot |= f > 2.0;
+				int32_t key = 2 * x + (f > 2.0), j = 0;
+				while (j < b->n_slots && b->key[j] != key)
+					j++;
+				if (j < b->n_slots) {
+					b->top[j] = v[r] > b->top[j] ? v[r] : b->top[j];
+				} else if (b->n_slots >= 0 && b->n_slots < ROW_SLOTS) {
+					b->key[b->n_slots] = key;
+					b->top[b->n_slots++] = v[r];
+				} else {
+					b->n_slots = -1;
+				}
+			}
 		}
 }
 
 /* One rank through one iteration under policy pol: decisions, memory,
  * per-layer times (kept as the maximum over the ranks seen), at env's
- * loads; rank -1 is the envelope (each layer's most loaded rank). memory: whether this rank's memory counts
- * (peak, out-of-memory); the envelope's does not. */
-static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
-                     const envelope *env, int32_t rank, int memory, scratch *sc)
+ * loads. rank -1 is the envelope of a static policy: at each layer the
+ * largest load of any rank, timed with the policy's exposed-time bound
+ * (kiln_sim_policy_exposed_bound), its memory never counted. memory:
+ * whether this rank's memory counts (peak, out-of-memory); timed: whether
+ * its layer times do; weight: how many ranks of the group have exactly
+ * this rank's loads (and so its decisions), for the over-budget count;
+ * stages s0 .. s1 - 1 only (each stage's part of a pass is independent of
+ * the others'). */
+static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, const envelope *env,
+                     int32_t rank, int64_t weight, int memory, int timed, int32_t s0, int32_t s1,
+                     scratch *sc)
 {
-	for (int32_t s = 0; s < w->p; s++) {
+	for (int32_t s = s0; s < s1; s++) {
 		const stage_info *si = &w->stages[s];
 		if (sc->acct)
 			kiln_rt_acct_reset(sc->acct, s, 0);
@@ -283,38 +350,66 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
 				sc->acct_mismatches++;
 			for (int32_t l = 0; l < si->n_layers; l++) {
 				const layer_info *li = &si->layers[l];
-				double r = 1, mean = 1;
-				int timed = 1; /* whether this rank's time of the layer counts */
+				double r = 1;
+				const row_buckets *rb = NULL;
 				if (li->moe_index >= 0) {
-					const double *v =
-					    &env->loads[((size_t)i * w->n_moe + li->moe_index) * w->ep];
-					if (rank >= 0) {
-						r = v[rank];
-					} else {
-						size_t at = (size_t)i * w->n_moe + li->moe_index;
-						int32_t top = env->top[at];
-						r = v[top];
-						mean = env->mean[at];
-						/* A followed rank times its own layer. */
-						for (int32_t j = 0; j < env->n_cand; j++)
-							timed &= env->cand[j] != top;
-					}
+					size_t at = (size_t)i * w->n_moe + li->moe_index;
+					r = rank >= 0 ? env->loads[at * w->ep + rank]
+					              : env->top[at];
+					rb = &env->rb[at];
 				}
-				double n = r * li->n_bal;
-				double f = interp(li->fwd, li->n_max, n), b = interp(li->bwd, li->n_max, n);
+				double n = r * li->n_bal, f = 0, b = 0;
+				if (timed) {
+					f = interp(li->fwd, li->n_max, n);
+					b = interp(li->bwd, li->n_max, n);
+				}
 				if (li->set >= 0) {
 					kiln_sim_choice ch;
 					double free_b = si->capacity - si->static_bytes - others - cur;
 					kiln_sim_policy_decide(pol, li->set, li->model_layer, n, free_b, pending,
 					                       (uint32_t)i, cur, &ch);
-					if (rank < 0 && li->moe_index >= 0) {
-						/* The envelope is a rank hot at this layer only: it
-						 * carries on with what a rank at the mean load keeps. */
-						kiln_sim_choice calm;
-						kiln_sim_policy_decide(pol, li->set, li->model_layer,
-						                       mean * li->n_bal, free_b, pending, (uint32_t)i,
-						                       cur, &calm);
-						ch.resident_bytes = calm.resident_bytes;
+					double bound;
+					if (rank < 0 && rb && rb->n_slots > 0) {
+						/* A static policy's layer time depends on the
+						 * load alone, through the compute (growing with
+						 * the rows: world.monotone) and the bucket's
+						 * exposed time: in each bucket the most loaded
+						 * rank is the slowest. Times the slowest of
+						 * those (ties: the larger forward and backward
+						 * of both). */
+						double bf = -1, bb = -1;
+						for (int32_t j = 0; j < rb->n_slots; j++) {
+							double nj = rb->top[j] * li->n_bal;
+							double fj = interp(li->fwd, li->n_max, nj);
+							double bj = interp(li->bwd, li->n_max, nj);
+							kiln_sim_choice cj;
+							kiln_sim_policy_decide(
+							    pol, li->set, li->model_layer, nj,
+							    free_b, pending, (uint32_t)i, cur, &cj);
+							bj += cj.exposed_us;
+							if (fj + bj > bf + bb) {
+								bf = fj, bb = bj, ch = cj;
+							} else if (fj + bj == bf + bb) {
+								bf = fj > bf ? fj : bf;
+								bb = bj > bb ? bj : bb;
+							}
+						}
+						f = bf;
+						b = bb - ch.exposed_us;
+					} else if (rank < 0 && rb &&
+					           kiln_sim_policy_exposed_bound(
+					               pol, li->set, rb->bits, rb->cold, rb->hot,
+					               &bound) == 0) {
+						/* More buckets than slots: every rank's load here
+						 * is at most n, in one of these buckets, so none
+						 * takes longer than n's compute plus the bound.
+						 * (A dense layer has no load: every rank decides
+						 * alike.) */
+						ch.recompute_us = ch.recompute_us < bound
+						                      ? ch.recompute_us
+						                      : bound;
+						ch.copy_us = bound - ch.recompute_us;
+						ch.exposed_us = bound;
 					}
 					cur += ch.resident_bytes;
 					if (sc->acct) {
@@ -328,7 +423,7 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded,
 					}
 					transient = ch.transient_bytes > transient ? ch.transient_bytes : transient;
 					b += ch.exposed_us;
-					sc->over_budget += ch.over_budget;
+					sc->over_budget += ch.over_budget * weight;
 					/* The slowest rank's overhead is what the critical
 					 * path sees: kept with its layer time below. */
 					size_t at = ((size_t)s * w->m + i) * w->stride + 2 * (size_t)l;
@@ -387,9 +482,24 @@ typedef struct run {
 	kiln_pipe_op **ops; /* per policy: room for the last iteration's schedule */
 	FILE *err;
 	int32_t n, groups, threads;
-	double *loads, *rows_of, *mean;
-	int32_t *top;
-	int32_t cand[KILN_SIM_CANDIDATES], n_cand;
+	double *loads, *top;
+	row_buckets *rb;
+	/* Per (stage, micro-batch, rank): the sum and the largest of the
+	 * rank's rows over the stage's MoE layers (the statistical method's
+	 * memory bound for static policies). */
+	double *sum_n, *max_n;
+	int any_static; /* the statistical method runs a static policy: needs rb, sum_n, max_n */
+	/* The statistical method's ranks: one of each distinct load column
+	 * (its lowest rank), and how many ranks share it; hashed in slots. */
+	int32_t *uniq, n_uniq, *slots;
+	int64_t *weight;
+	size_t n_slots;
+	/* And per stage (ep entries each), over its MoE layers' samples:
+	 * stage_rows[stage_begin[s] .. stage_begin[s + 1]) are their offsets,
+	 * all_rows every offset in order. */
+	int32_t *uniq_s, *n_uniq_s;
+	int64_t *weight_s;
+	size_t *stage_rows, *stage_begin, *all_rows;
 	/* Per policy, this iteration: the slowest group's time, whether a
 	 * device ran out of memory, the exposed recompute and copies. */
 	double worst[64], rec[64], copy[64];
@@ -433,31 +543,185 @@ static void sample_share(run *r, int32_t t, int64_t it, int32_t g)
 			for (int32_t x = 0; x < w->ep; x++)
 				v[x] = v[x] >= 0 ? (v[x] < w->r_max ? v[x] : w->r_max) : 0;
 		}
-	envelope_rows(w, r->loads, t, r->threads, r->top, r->mean);
+	if (!r->any_static)
+		return;
+	envelope_rows(w, r->loads, t, r->threads, r->top, r->rb);
+	for (int32_t i = t; i < w->m; i += r->threads)
+		for (int32_t s = 0; s < w->p; s++) {
+			double *sum = &r->sum_n[((size_t)s * w->m + i) * w->ep];
+			double *most = &r->max_n[((size_t)s * w->m + i) * w->ep];
+			for (int32_t x = 0; x < w->ep; x++)
+				sum[x] = most[x] = 0;
+			const stage_info *si = &w->stages[s];
+			for (int32_t l = 0; l < si->n_layers; l++) {
+				const layer_info *li = &si->layers[l];
+				if (li->moe_index < 0)
+					continue;
+				const double *v =
+				    &r->loads[((size_t)i * w->n_moe + li->moe_index) * w->ep];
+				for (int32_t x = 0; x < w->ep; x++) {
+					/* n as run_rank computes it. */
+					double n = v[x] * li->n_bal;
+					sum[x] += n;
+					most[x] = n > most[x] ? n : most[x];
+				}
+			}
+		}
 }
 
-/* The candidates: the KILN_SIM_CANDIDATES ranks with the most rows over
- * the iteration's samples (ties to the lower rank). */
-static void choose_candidates(run *r)
+/* A distinct rank and its bound, for sorting. */
+typedef struct ranked {
+	double key;
+	int32_t u;
+} ranked;
+
+static int by_key(const void *a, const void *b)
+{
+	const ranked *x = a, *y = b;
+	if (x->key != y->key)
+		return x->key > y->key ? -1 : 1;
+	return (x->u > y->u) - (x->u < y->u);
+}
+
+/* The memory of static policy k over the group's distinct ranks, without
+ * following each: a rank's device bytes are at most a bound computed from
+ * its rows alone (each layer keeps at most base + per_n * n plus a byte of
+ * rounding, kiln_sim_policy_bytes_bound); a rank whose bound is at most the
+ * peak already seen on every stage (this iteration's or an earlier one's)
+ * and, unless a device already ran out, at most the capacity, can neither
+ * raise a peak nor fail. Every other rank is followed, most bounded first,
+ * as exact mode follows it. */
+static void static_memory(run *r, int32_t k, const world *pw, const envelope *env, int unb,
+                          scratch *sc)
+{
+	const kiln_sim_policy *pol = r->pols[k];
+	const kiln_sim_result *out = &r->out[k];
+	int32_t p = pw->p, m = pw->m, ep = pw->ep;
+	for (int32_t s = 0; s < p; s++) {
+		const stage_info *si = &pw->stages[s];
+		double a = ceil(si->fixed_bytes - 1e-6), c = 0, ta = 0, tc = 0;
+		for (int32_t l = 0; l < si->n_layers; l++) {
+			const layer_info *li = &si->layers[l];
+			double rb, rn, tb, tn;
+			if (li->set < 0 ||
+			    kiln_sim_policy_bytes_bound(pol, li->set, &rb, &rn, &tb, &tn))
+				continue;
+			a += rb + 1;
+			ta = tb + 1 > ta ? tb + 1 : ta;
+			if (li->moe_index >= 0) {
+				c = rn > c ? rn : c;
+				tc = tn > tc ? tn : tc;
+			}
+		}
+		for (int32_t u = 0; u < r->n_uniq; u++) {
+			int32_t x = r->uniq[u];
+			double most = 0, win = 0;
+			const double *sum = &r->sum_n[(size_t)s * m * ep + (size_t)x];
+			const double *top = &r->max_n[(size_t)s * m * ep + (size_t)x];
+			for (int32_t i = 0; i < m; i++) {
+				/* This micro-batch and the window before it. */
+				win += a + c * sum[(size_t)i * ep];
+				if (i - si->window >= 0)
+					win -= a + c * sum[(size_t)(i - si->window) * ep];
+				double device =
+				    si->static_bytes + win + ta + tc * top[(size_t)i * ep];
+				most = device > most ? device : most;
+			}
+			/* Room for the rounding of the sums, kept in another order
+			 * than run_rank adds them. */
+			sc->bound[(size_t)u * p + s] = most * (1 + 1e-9) + 1024;
+		}
+	}
+	for (int32_t u = 0; u < r->n_uniq; u++) {
+		double key = 0;
+		for (int32_t s = 0; s < p; s++) {
+			double q = sc->bound[(size_t)u * p + s] / pw->stages[s].capacity;
+			key = q > key ? q : key;
+		}
+		sc->order[u] = (ranked){key, u};
+	}
+	qsort(sc->order, (size_t)r->n_uniq, sizeof(ranked), by_key);
+	for (int32_t j = 0; j < r->n_uniq; j++) {
+		int32_t u = sc->order[j].u, need = 0;
+		for (int32_t s = 0; s < p && !need; s++) {
+			double b = sc->bound[(size_t)u * p + s];
+			double seen =
+			    sc->peak[s] > out->peak_bytes[s] ? sc->peak[s] : out->peak_bytes[s];
+			need = b > seen || (!unb && !sc->oom && b > pw->stages[s].capacity);
+		}
+		if (need)
+			run_rank(pw, pol, unb, env, r->uniq[u], r->weight[u], 1, 0, 0, pw->p, sc);
+	}
+}
+
+/* Whether ranks a and b have the same load in each of the n samples at
+ * offsets list[0 .. n) (compared as numbers: 0 and -0 alike). */
+static int same_loads(const world *w, const double *loads, const size_t *list, size_t n, int32_t a,
+                      int32_t b)
+{
+	for (size_t j = 0; j < n; j++) {
+		size_t x = list[j] * (size_t)w->ep;
+		if (loads[x + (size_t)a] != loads[x + (size_t)b])
+			return 0;
+	}
+	return 1;
+}
+
+/* The distinct columns of the group's loads over the samples at offsets
+ * list[0 .. n) (each a (micro-batch, MoE layer)): one rank of each, the
+ * lowest, into uniq, and how many ranks share it into weight. Returns
+ * their number. */
+static int32_t distinct_of(run *r, const size_t *list, size_t n, int32_t *uniq, int64_t *weight)
 {
 	const world *w = r->w;
-	size_t rows = (size_t)w->m * (size_t)(w->n_moe ? w->n_moe : 1);
-	for (int32_t k = 0; k < w->ep; k++)
-		r->rows_of[k] = 0;
-	for (size_t x = 0; x < rows; x++)
-		for (int32_t k = 0; k < w->ep; k++)
-			r->rows_of[k] += r->loads[x * (size_t)w->ep + (size_t)k];
-	r->n_cand = 0;
-	while (r->n_cand < KILN_SIM_CANDIDATES && r->n_cand < w->ep) {
-		int32_t best = -1;
-		for (int32_t k = 0; k < w->ep; k++) {
-			int taken = 0;
-			for (int32_t j = 0; j < r->n_cand; j++)
-				taken |= r->cand[j] == k;
-			if (!taken && (best < 0 || r->rows_of[k] > r->rows_of[best]))
-				best = k;
+	int32_t n_uniq = 0;
+	for (size_t x = 0; x < r->n_slots; x++)
+		r->slots[x] = -1;
+	for (int32_t k = 0; k < w->ep; k++) {
+		uint64_t h = 0x9e3779b97f4a7c15u;
+		for (size_t j = 0; j < n; j++) {
+			double v = r->loads[list[j] * (size_t)w->ep + (size_t)k];
+			uint64_t bits;
+			v = v == 0 ? 0 : v;
+			memcpy(&bits, &v, sizeof bits);
+			h = (h ^ bits) * 0x100000001b3u;
+			h ^= h >> 29;
 		}
-		r->cand[r->n_cand++] = best;
+		size_t at = (size_t)h & (r->n_slots - 1);
+		int32_t found = -1;
+		for (; r->slots[at] >= 0; at = (at + 1) & (r->n_slots - 1)) {
+			int32_t u = r->slots[at];
+			if (same_loads(w, r->loads, list, n, uniq[u], k)) {
+				found = u;
+				break;
+			}
+		}
+		if (found >= 0) {
+			weight[found]++;
+			continue;
+		}
+		r->slots[at] = n_uniq;
+		uniq[n_uniq] = k;
+		weight[n_uniq++] = 1;
+	}
+	return n_uniq;
+}
+
+/* Ranks with the same loads make the same decisions under any policy (a
+ * rank's pass is a function of its loads alone, and its part on one stage
+ * of its loads on that stage's layers), so the statistical method follows
+ * one of them, weighted: the distinct columns of the whole iteration (for
+ * the static policies' memory), and of each stage (for the adaptive
+ * policies). */
+static void distinct_ranks(run *r)
+{
+	const world *w = r->w;
+	r->n_uniq = distinct_of(r, r->all_rows, r->stage_begin[w->p], r->uniq, r->weight);
+	for (int32_t s = 0; s < w->p; s++) {
+		size_t b = r->stage_begin[s];
+		r->n_uniq_s[s] =
+		    distinct_of(r, r->stage_rows + b, r->stage_begin[s + 1] - b,
+		                r->uniq_s + (size_t)s * w->ep, r->weight_s + (size_t)s * w->ep);
 	}
 }
 
@@ -469,11 +733,7 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 	const world *w = r->w;
 	const world *pw = r->policies[k] == KILN_SIM_KILN_NO_OFFLOAD ? r->w2 : r->w;
 	kiln_sim_result *out = &r->out[k];
-	envelope env = {.loads = r->loads,
-	                .top = r->top,
-	                .mean = r->mean,
-	                .cand = r->cand,
-	                .n_cand = r->n_cand};
+	envelope env = {.loads = r->loads, .top = r->top, .rb = r->rb};
 	memset(sc->layer_f, 0, sizeof(double) * sc->n_lay);
 	memset(sc->layer_b, 0, sizeof(double) * sc->n_lay);
 	memset(sc->peak, 0, sizeof(double) * (size_t)w->p);
@@ -481,15 +741,28 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 	sc->acct = r->policies[k] == KILN_SIM_KILN ? cfg->acct_rt : NULL;
 	sc->acct_checks = sc->acct_mismatches = 0;
 	int unb = r->policies[k] == KILN_SIM_UNBOUNDED;
+	double probe;
 	if (cfg->exact) {
 		for (int32_t x = 0; x < w->ep; x++)
-			run_rank(pw, r->pols[k], unb, &env, x, 1, sc);
+			run_rank(pw, r->pols[k], unb, &env, x, 1, 1, 1, 0, pw->p, sc);
+	} else if (pw->monotone && w->ep > 1 && pw->c->n_sets > 0 &&
+	           pw->c->n_buckets <= KILN_SIM_MAX_BUCKETS &&
+	           kiln_sim_policy_exposed_bound(r->pols[k], 0, r->rb[0].bits, 1, 0, &probe) == 0) {
+		/* A static policy: its decisions ignore free memory, so a
+		 * layer's time depends on its load alone and the envelope
+		 * takes as long as the slowest rank. Memory: every rank that
+		 * could raise a peak or fail, untimed. */
+		run_rank(pw, r->pols[k], unb, &env, -1, 1, 0, 1, 0, pw->p, sc);
+		static_memory(r, k, pw, &env, unb, sc);
 	} else {
-		/* Time from the envelope; memory from the ranks that carry the
-		 * most rows this iteration. */
-		run_rank(pw, r->pols[k], unb, &env, -1, 0, sc);
-		for (int32_t j = 0; j < r->n_cand; j++)
-			run_rank(pw, r->pols[k], unb, &env, r->cand[j], 1, sc);
+		/* An adaptive policy: on each stage, every rank with distinct
+		 * loads there, in full. */
+		for (int32_t s = 0; s < pw->p; s++)
+			for (int32_t j = 0; j < r->n_uniq_s[s]; j++) {
+				size_t at = (size_t)s * w->ep + (size_t)j;
+				run_rank(pw, r->pols[k], unb, &env, r->uniq_s[at], r->weight_s[at],
+				         1, 1, s, s + 1, sc);
+			}
 	}
 	for (int32_t s = 0; s < w->p; s++) {
 		for (int32_t ch = 0; ch < w->v; ch++)
@@ -589,7 +862,8 @@ static void *work(void *arg)
 				if (g == 0)
 					for (int32_t k = 0; k < r->n; k++)
 						r->worst[k] = 0, r->oom[k] = 0, r->rec[k] = r->copy[k] = 0;
-				choose_candidates(r);
+				if (!r->cfg->exact)
+					distinct_ranks(r);
 				atomic_store(&r->next, 0);
 			}
 			pthread_barrier_wait(&r->phase);
@@ -616,8 +890,13 @@ static int scratch_new(const world *w, size_t n_lay, scratch *sc)
 	    .held = calloc((size_t)w->m, sizeof(double)),
 	    .peak = calloc((size_t)w->p, sizeof(double)),
 	    .n_lay = n_lay,
+	    .bound = calloc((size_t)w->p * (size_t)w->ep, sizeof(double)),
+	    .order = calloc((size_t)w->ep, sizeof(ranked)),
 	};
-	return sc->fwd && sc->bwd && sc->layer_f && sc->layer_b && sc->held && sc->peak ? 0 : -1;
+	return sc->fwd && sc->bwd && sc->layer_f && sc->layer_b && sc->held && sc->peak &&
+	               sc->bound && sc->order
+	           ? 0
+	           : -1;
 }
 
 static void scratch_free(scratch *sc)
@@ -628,6 +907,8 @@ static void scratch_free(scratch *sc)
 	free(sc->layer_b);
 	free(sc->held);
 	free(sc->peak);
+	free(sc->bound);
+	free(sc->order);
 }
 
 /* The threads a run of n policies takes (kiln_sim_config.threads). */
@@ -663,7 +944,9 @@ int kiln_sim_cost_estimate(const kiln_sim_config *cfg, int32_t n, kiln_sim_cost 
 	}
 	for (int32_t l = 0; l < g->n_layers; l++)
 		n_moe += g->layers[l].kind == KILN_LAYER_MOE;
-	double passes = cfg->exact ? ep : 1 + (ep < KILN_SIM_CANDIDATES ? ep : KILN_SIM_CANDIDATES);
+	/* The statistical method follows at most every rank, and for a
+	 * static policy the envelope besides. */
+	double passes = cfg->exact ? ep : 1 + ep;
 	*out = (kiln_sim_cost){.groups = groups,
 	                       .layers = g->n_layers,
 	                       .microbatches = mb,
@@ -735,6 +1018,10 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	         .n = n, .threads = threads, .gate = PTHREAD_MUTEX_INITIALIZER,
 	         .opened = PTHREAD_COND_INITIALIZER};
 	r.groups = cfg->max_groups > 0 && cfg->max_groups < w.groups ? cfg->max_groups : w.groups;
+	for (int32_t k = 0; k < n; k++)
+		r.any_static |= !cfg->exact && policies[k] != KILN_SIM_KILN &&
+		                policies[k] != KILN_SIM_KILN_NO_OFFLOAD &&
+		                policies[k] != KILN_SIM_KILN_NO_OVERLAP;
 	/* The adaptive policies take several times a static one's time: taken
 	 * first, they leave the short ones to balance the threads. */
 	int32_t n_order = 0;
@@ -754,16 +1041,48 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	worker wks[KILN_SIM_MAX_THREADS];
 	memset(wks, 0, sizeof wks);
 	r.loads = calloc(n_loads, sizeof(double));
-	r.rows_of = malloc(sizeof(double) * (size_t)w.ep);
-	r.top = calloc(n_rows, sizeof(int32_t));
-	r.mean = calloc(n_rows, sizeof(double));
+	r.top = calloc(n_rows, sizeof(double));
+	r.rb = calloc(n_rows, sizeof(row_buckets));
+	size_t n_sums = (size_t)w.p * (size_t)w.m * (size_t)w.ep;
+	r.sum_n = malloc(sizeof(double) * n_sums);
+	r.max_n = malloc(sizeof(double) * n_sums);
+	r.n_slots = 2;
+	while (r.n_slots < 2 * (size_t)w.ep)
+		r.n_slots *= 2;
+	r.slots = malloc(sizeof(int32_t) * r.n_slots);
+	r.uniq = malloc(sizeof(int32_t) * (size_t)w.ep);
+	r.weight = malloc(sizeof(int64_t) * (size_t)w.ep);
+	r.uniq_s = malloc(sizeof(int32_t) * (size_t)w.ep * (size_t)w.p);
+	r.weight_s = malloc(sizeof(int64_t) * (size_t)w.ep * (size_t)w.p);
+	r.n_uniq_s = calloc((size_t)w.p, sizeof(int32_t));
+	r.stage_rows = malloc(sizeof(size_t) * (n_rows + 1));
+	r.all_rows = malloc(sizeof(size_t) * (n_rows + 1));
+	r.stage_begin = calloc((size_t)w.p + 1, sizeof(size_t));
+	if (r.stage_rows && r.all_rows && r.stage_begin) {
+		/* Each MoE layer is on one stage: the stages' samples, in order,
+		 * are every sample once. */
+		size_t at = 0;
+		for (int32_t s = 0; s < w.p; s++) {
+			r.stage_begin[s] = at;
+			for (int32_t l = 0; l < w.stages[s].n_layers; l++) {
+				int32_t k = w.stages[s].layers[l].moe_index;
+				for (int32_t i = 0; k >= 0 && i < w.m; i++)
+					r.stage_rows[at++] =
+					    (size_t)i * (size_t)w.n_moe + (size_t)k;
+			}
+		}
+		r.stage_begin[w.p] = at;
+		for (size_t x = 0; x < at; x++)
+			r.all_rows[x] = x;
+	}
 	r.pols = calloc((size_t)n, sizeof *r.pols);
 	r.ops = calloc((size_t)n, sizeof *r.ops);
 	r.iter_sum = calloc((size_t)n, sizeof(double));
 	r.since_ckpt = calloc((size_t)n, sizeof(double));
 	int rc = -1, started = 0, barrier = 0;
-	int ok = r.loads && r.rows_of && r.top && r.mean && r.pols && r.ops && r.iter_sum &&
-	         r.since_ckpt;
+	int ok = r.loads && r.top && r.rb && r.sum_n && r.max_n && r.slots && r.uniq && r.weight &&
+	         r.uniq_s && r.weight_s && r.n_uniq_s && r.stage_rows && r.all_rows &&
+	         r.stage_begin && r.pols && r.ops && r.iter_sum && r.since_ckpt;
 	for (int32_t t = 0; t < threads && ok; t++)
 		ok = scratch_new(&w, n_lay, &wks[t].sc) == 0;
 	if (!ok) {
@@ -845,9 +1164,19 @@ out:
 	free(r.pols);
 	free(r.ops);
 	free(r.loads);
-	free(r.rows_of);
 	free(r.top);
-	free(r.mean);
+	free(r.rb);
+	free(r.sum_n);
+	free(r.max_n);
+	free(r.slots);
+	free(r.uniq);
+	free(r.weight);
+	free(r.uniq_s);
+	free(r.weight_s);
+	free(r.n_uniq_s);
+	free(r.stage_rows);
+	free(r.all_rows);
+	free(r.stage_begin);
 	free(r.iter_sum);
 	free(r.since_ckpt);
 	return rc;

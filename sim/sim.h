@@ -290,6 +290,37 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
                             double free_bytes, uint32_t pending, uint32_t microbatch,
                             double held_bytes, kiln_sim_choice *out);
 
+/* The load bucket a static policy's decision for unit set `set` at n rows
+ * takes (the bucket holding the load factor r = n / balanced rows, the last
+ * beyond it), with r. */
+int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, double n, double *r);
+
+/* For a static policy: the two lines of its plan's bytes for unit set
+ * `set`, base + per_n * n for what it keeps (resident) and for its backward
+ * transient, each the larger over its plans (mindspeed-threshold has two);
+ * every decision of set at n rows keeps at most res_base + res_per_n * n
+ * plus one byte of rounding, and likewise for the transient. Returns 0, or
+ * -1 for an adaptive policy. */
+int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *res_base,
+                                double *res_per_n, double *tr_base, double *tr_per_n);
+
+/* Buckets a bucket set (kiln_sim_policy_exposed_bound) can name: every
+ * compilation has at most this many (passes/plan.c). */
+#define KILN_SIM_MAX_BUCKETS 256
+
+/* For a static policy (every policy but the kiln ones that decide through
+ * the runtime): *out is the largest exposed time (serial time for the
+ * serial ablation) of its decision for unit set `set` over the load
+ * buckets in the bitset `buckets` (bucket k is bit k % 64 of word k / 64,
+ * KILN_SIM_MAX_BUCKETS bits), taking mindspeed-threshold's plan below 2x
+ * when cold and its plan above 2x when hot. It does not depend on free
+ * memory, so it is at least the exposed time of every decision at a load
+ * in those buckets. The statistical method times a layer by it
+ * (docs/simulator.md, "Scale"). Returns 0, or -1 for an adaptive policy (no
+ * such bound: its time depends on free memory). */
+int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const uint64_t *buckets,
+                                  int cold, int hot, double *out);
+
 /* ---------------------------------------------------------------- sim.c */
 
 typedef struct kiln_sim_config {
@@ -345,8 +376,8 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
  * shape alone (docs/cli.md, "Cost bounds"). The work is layer decisions:
  * per iteration, simulated EP group and policy, every layer of every stage
  * for every micro-batch, once per rank followed (exact: ep; the
- * statistical method: the envelope and min(ep, 4) candidates); the
- * pipeline's 2 * p * v * m ops per run are fewer. The memory is what one
+ * statistical method: at most 1 + ep, the envelope and every rank, and
+ * usually far fewer); the pipeline's 2 * p * v * m ops per run are fewer. The memory is what one
  * iteration holds (nothing grows with iterations). */
 typedef struct kiln_sim_cost {
 	double groups, layers, microbatches, passes; /* the factors of per_iteration, with n */

@@ -5,8 +5,8 @@
  * memory; a policy that never fails is never slower than recomputing
  * everything; the same seed gives the same result; kiln's memory as the
  * simulator counts it equals what the runtime's accounting API counts; and
- * the statistical (most-loaded-rank) method bounds the exact per-rank
- * simulation from below in throughput, within a stated tolerance.
+ * the statistical method is never more optimistic than the exact per-rank
+ * simulation (failures, over-budget decisions, peaks, throughput).
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -249,49 +249,168 @@ Test(sim, kiln_memory_equals_the_runtime_accounting, .init = kt_slow)
 	}
 }
 
-/* The statistical method against the exact per-rank simulation: time from
- * a rank hot at each layer alone (within 6% in throughput either way here;
- * the worst case measured is kiln:no-overlap under zipf:1.2, 5.7% high),
- * memory from the KILN_SIM_CANDIDATES ranks that carry the most rows (the
- * same failures, and peaks within 5% below exact). */
+/* The statistical method is never more optimistic than exact mode on the
+ * same loads (docs/simulator.md, "Scale"): no fewer failures or
+ * over-budget decisions, no lower peak, no higher throughput. Exact by
+ * construction: an adaptive policy follows every distinct rank; a static
+ * policy is timed by the slowest rank of each load bucket and follows
+ * every rank whose memory bound could raise a peak or fail. */
+static void never_optimistic(const kiln_sim_result *st, const kiln_sim_result *ex, const char *what)
+{
+	for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
+		const char *name = kiln_sim_policy_name((kiln_sim_policy_kind)k);
+		cr_assert_geq(st[k].ooms, ex[k].ooms, "%s %s", what, name);
+		cr_assert_geq(st[k].over_budget, ex[k].over_budget, "%s %s", what, name);
+		cr_assert_leq(st[k].tokens_per_s, ex[k].tokens_per_s, "%s %s: %.17g vs %.17g", what,
+		              name, st[k].tokens_per_s, ex[k].tokens_per_s);
+		cr_assert_geq(st[k].iteration_s, ex[k].iteration_s, "%s %s", what, name);
+		for (int32_t s = 0; s < st[k].n_stages; s++)
+			cr_assert_geq(st[k].peak_bytes[s], ex[k].peak_bytes[s], "%s %s stage %d",
+			              what, name, s);
+	}
+}
+
+/* The statistical method against the exact per-rank simulation on the
+ * synthetic profiles: never more optimistic, and, as it follows every rank
+ * that could matter, not less accurate than the tolerances this test held
+ * the former method (the four ranks with the most rows, and an envelope
+ * for time) to: the same failures, throughput at least 94% of exact, peaks
+ * at most 5% above. */
 Test(sim, statistical_method_matches_the_exact_simulation, .timeout = 900, .init = kt_slow)
 {
-	/* tiny (4 ranks per group: all followed for memory) under the spiky
-	 * profiles, mixtral (8 ranks) under paper and zipf, where the hot rank
-	 * moves every sample. */
 	static const char *const cases[][2] = {{"examples/models/tiny.yaml", "burst"},
 	                                       {"examples/models/tiny.yaml", "hot-rank"},
 	                                       {"examples/models/mixtral-8x22b.yaml", "paper"},
 	                                       {"examples/models/mixtral-8x22b.yaml", "zipf:1.2"}};
 	for (int ci = 0; ci < 4; ci++) {
-		{
-			int m = ci < 2 ? 0 : 1;
-			fixture f;
-			setup(&f, cases[ci][0]);
-			kiln_sim_result ex[KILN_SIM_POLICY_COUNT], st[KILN_SIM_POLICY_COUNT];
-			const char *loads = cases[ci][1];
-			run(&f, loads, 15, 1, ex);
-			run(&f, loads, 15, 0, st);
-			for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
-				const char *name = kiln_sim_policy_name((kiln_sim_policy_kind)k);
-				cr_assert_eq(st[k].ooms, ex[k].ooms, "%s %s %s", MODELS[m], loads,
-				             name);
-				cr_assert_leq(st[k].tokens_per_s, ex[k].tokens_per_s * 1.06,
-				              "%s %s %s: %g vs %g", MODELS[m], loads, name,
-				              st[k].tokens_per_s, ex[k].tokens_per_s);
-				cr_assert_geq(st[k].tokens_per_s, ex[k].tokens_per_s * 0.94,
-				              "%s %s %s: %g vs %g", MODELS[m], loads, name,
-				              st[k].tokens_per_s, ex[k].tokens_per_s);
-				for (int32_t s = 0; s < st[k].n_stages; s++) {
-					cr_assert_leq(st[k].peak_bytes[s],
-					              ex[k].peak_bytes[s] * (1 + 1e-12));
-					cr_assert_geq(
-					    st[k].peak_bytes[s], ex[k].peak_bytes[s] * 0.95,
-					    "%s %s %s stage %d", MODELS[m], loads, name, s);
-				}
-			}
-			teardown(&f);
+		fixture f;
+		setup(&f, cases[ci][0]);
+		kiln_sim_result ex[KILN_SIM_POLICY_COUNT], st[KILN_SIM_POLICY_COUNT];
+		const char *loads = cases[ci][1];
+		char what[256];
+		snprintf(what, sizeof what, "%s %s", cases[ci][0], loads);
+		run(&f, loads, 15, 1, ex);
+		run(&f, loads, 15, 0, st);
+		never_optimistic(st, ex, what);
+		for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
+			const char *name = kiln_sim_policy_name((kiln_sim_policy_kind)k);
+			cr_assert_eq(st[k].ooms, ex[k].ooms, "%s %s", what, name);
+			cr_assert_geq(st[k].tokens_per_s, ex[k].tokens_per_s * 0.94, "%s %s", what,
+			              name);
+			for (int32_t s = 0; s < st[k].n_stages; s++)
+				cr_assert_leq(st[k].peak_bytes[s], ex[k].peak_bytes[s] * 1.05,
+				              "%s %s", what, name);
 		}
+		teardown(&f);
+	}
+}
+
+/* Traces for the statistical method's test, per (iteration, micro-batch,
+ * MoE layer, rank) of a shape with ep >= 8 ranks, m micro-batches and L MoE
+ * layers; every sample averages 1 over the ranks (rows are conserved). */
+typedef double (*trace_fn)(int64_t it, int32_t i, int32_t l, int32_t r, const kiln_load_shape *sh);
+
+/* Hot experts sharing a rank (the issue's withheld workload): ranks 0 to 3
+ * carry 1.35x everywhere, so they have the most rows of the iteration;
+ * rank 4 holds two hot experts at 2.5x in the first min(16, m) micro-batches
+ * (those in flight together on the first stages) of the first L / 4 layers,
+ * and 0.8x elsewhere. Its rows over the iteration average at most
+ * 0.25 * 2.5 + 0.75 * 0.8 = 1.225 < 1.35 (DeepSeek-V3: 16 x 14 of 60 x 58
+ * samples hot, 0.91), so the four ranks with the most rows leave it out,
+ * though it holds the most memory. The other ranks share the rest. */
+static double trace_shared(int64_t it, int32_t i, int32_t l, int32_t r, const kiln_load_shape *sh)
+{
+	(void)it;
+	if (r < 4)
+		return 1.35;
+	double hot = i < 16 && i < sh->microbatches && l < sh->layers / 4 ? 2.5 : 0.8;
+	double rest = (sh->ep - 4 * 1.35 - hot) / (sh->ep - 5);
+	return r == 4 ? hot : rest > 0 ? rest : 0;
+}
+
+/* Hot experts spread over many ranks: every even rank at 1.5x, every odd
+ * one at 0.5x. */
+static double trace_spread(int64_t it, int32_t i, int32_t l, int32_t r, const kiln_load_shape *sh)
+{
+	(void)it, (void)i, (void)l, (void)sh;
+	return r % 2 == 0 ? 1.5 : 0.5;
+}
+
+/* The hot rank moves every micro-batch (and layer, and iteration): rank
+ * (i + l + it) mod ep at 2.5x, the others even. */
+static double trace_moving(int64_t it, int32_t i, int32_t l, int32_t r, const kiln_load_shape *sh)
+{
+	return r == (i + l + it) % sh->ep ? 2.5 : (sh->ep - 2.5) / (sh->ep - 1);
+}
+
+/* Writes iters iterations of fn for shape sh as a factor trace
+ * (docs/simulator.md, "Traces"); returns its path (free it, unlink it). */
+static char *write_trace(const kiln_load_shape *sh, int64_t iters, trace_fn fn)
+{
+	char *path = kt_temp_file(".csv", "", 0);
+	FILE *out = fopen(path, "w");
+	cr_assert_not_null(out);
+	fprintf(out, "iteration,microbatch,layer,rank,factor\n");
+	for (int64_t it = 0; it < iters; it++)
+		for (int32_t i = 0; i < sh->microbatches; i++)
+			for (int32_t l = 0; l < sh->layers; l++)
+				for (int32_t r = 0; r < sh->ep; r++)
+					fprintf(out, "%lld,%d,%d,%d,%.17g\n", (long long)it, (int)i,
+					        (int)l, (int)r, fn(it, i, l, r, sh));
+	cr_assert_eq(fclose(out), 0);
+	return path;
+}
+
+/* The statistical method on the profiles that defeat a method following a
+ * few ranks: hot experts sharing a rank, spread over many ranks, moving
+ * every micro-batch; on Mixtral (8 ranks per group) and DeepSeek-V3 (64,
+ * memory-bound, one group), every policy. The former method, on the same
+ * traces (measured with kilnc simulate, --loads and --exact): on DeepSeek-V3
+ * with hot experts sharing a rank it reported no failure for
+ * kiln:no-offload where exact mode found one in each of the 4 iterations,
+ * and peaks up to 38% low; on Mixtral it missed the failures of five static
+ * policies. Besides never more optimistic, the exact run must fail
+ * somewhere on the shared trace of DeepSeek-V3, or the trace would not
+ * test failures: rank 4 holds 2.5x in 16 micro-batches in flight together,
+ * more than the plans tuned for 1.2x keep room for. */
+Test(sim, statistical_method_is_never_more_optimistic_than_exact, .timeout = 900, .init = kt_slow)
+{
+	static const char *const models[] = {"examples/models/mixtral-8x22b.yaml",
+	                                     "examples/models/deepseek-v3-671b.yaml"};
+	static const trace_fn fns[] = {trace_shared, trace_spread, trace_moving};
+	static const char *const names[] = {"shared", "spread", "moving"};
+	for (int m = 0; m < 2; m++) {
+		fixture f;
+		setup(&f, models[m]);
+		kiln_load_shape sh;
+		kiln_sim_load_shape(&f.c, &sh);
+		cr_assert_geq(sh.ep, 8);
+		for (int t = 0; t < 3; t++) {
+			char *path = write_trace(&sh, 2, fns[t]);
+			kiln_sim_result ex[KILN_SIM_POLICY_COUNT], st[KILN_SIM_POLICY_COUNT];
+			char what[256];
+			snprintf(what, sizeof what, "%s %s", models[m], names[t]);
+			kiln_sim_policy_kind all[KILN_SIM_POLICY_COUNT];
+			for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++)
+				all[k] = (kiln_sim_policy_kind)k;
+			for (int exact = 0; exact < 2; exact++) {
+				kiln_sim_config cfg = config(&f, path, 4, exact);
+				cfg.max_groups = 1;
+				cr_assert_eq(kiln_sim_run(&cfg, all, KILN_SIM_POLICY_COUNT, f.a,
+				                          stderr, exact ? ex : st),
+				             0);
+			}
+			never_optimistic(st, ex, what);
+			if (m == 1 && t == 0) {
+				int64_t ooms = 0;
+				for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++)
+					ooms += ex[k].ooms;
+				cr_assert_gt(ooms, 0, "%s: no failure to test", what);
+			}
+			unlink(path);
+			free(path);
+		}
+		teardown(&f);
 	}
 }
 
