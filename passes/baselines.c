@@ -15,8 +15,6 @@
 
 #include "passes/passes.h"
 
-#define KILN_BASELINE_DESIGN_LOAD 1.2
-
 static const struct {
 	const char *name;
 	const char *models;

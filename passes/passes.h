@@ -301,6 +301,11 @@ struct kiln_baseline {
 	                       the closest the rule gets: the run would go out of memory) */
 };
 
+/* The load the tuned static baselines (and the simulator's static kiln
+ * ablation) are tuned for: the calm imbalance of a team's most loaded
+ * device (passes/baselines.c). */
+#define KILN_BASELINE_DESIGN_LOAD 1.2
+
 const char *kiln_baseline_name(kiln_baseline_kind k);
 
 /* interleave.c

@@ -169,18 +169,41 @@ static int cost_of(const kiln_compilation *c, int32_t set, int32_t bucket, const
 	return rc;
 }
 
-/* The stage's k-th set's steady plan (passes/budget.c). */
+/* kiln's static plan for one unit set (the ablation policies
+ * kiln:no-adaptive and kiln:no-adaptive+no-overlap): kiln's own tables at
+ * the design load the tuned baselines use (KILN_BASELINE_DESIGN_LOAD), the
+ * cheapest combination of the stage's sets with which every in-flight
+ * micro-batch fits there, as a team would tune one static plan; failing
+ * that, the budget's steady point at load 1 (passes/budget.c). The load-1
+ * point alone fits only at perfect balance: where keeping everything
+ * fits with a few hundred MB to spare, the calm imbalance of every
+ * iteration overflows it. */
 static const uint8_t *steady_actions(const kiln_compilation *c, int32_t set)
 {
 	int32_t s = c->sets[set].stage, k = 0;
 	for (int32_t j = 0; j < set; j++)
 		k += c->sets[j].stage == s;
+	const kiln_stage_budget *bu = &c->budgets[s];
+	int32_t bd = kiln_plan_bucket_of(c->buckets, c->n_buckets, KILN_BASELINE_DESIGN_LOAD);
+	if (bd >= c->n_buckets)
+		bd = c->n_buckets - 1;
+	const kiln_plan_table *tabs[8];
+	int32_t pts[8], n = 0, mine = -1;
+	for (int32_t j = 0; j < c->n_sets && n < 8; j++)
+		if (c->sets[j].stage == s) {
+			if (j == set)
+				mine = n;
+			tabs[n++] = table(c, j, bd);
+		}
+	if (mine >= 0 &&
+	    kiln_budget_cheapest_fit(tabs, n, bu->fixed_bytes, bu->inflight,
+	                             bu->capacity_bytes - bu->static_bytes, 0, pts) == 0)
+		return c->pool->actions[tabs[mine]->plan[pts[mine]]];
 	int32_t b1 = kiln_plan_bucket_of(c->buckets, c->n_buckets, 1.0);
 	if (b1 >= c->n_buckets)
 		b1 = c->n_buckets - 1;
 	const kiln_plan_table *t = table(c, set, b1);
-	int32_t pt = c->budgets[s].steady_point[k];
-	return c->pool->actions[t->plan[pt]];
+	return c->pool->actions[t->plan[bu->steady_point[k]]];
 }
 
 static int prepare_static(kiln_sim_policy *p, kiln_arena *a)
