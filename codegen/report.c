@@ -49,6 +49,16 @@ static void fmt_count(char *buf, size_t n, double v)
 		snprintf(buf, n, "%.0f", v);
 }
 
+/* label, then the names of the modules set in mask (bit i: names[i]). */
+static void put_modules(FILE *out, const char *label, const char *const *names, int n,
+                        uint32_t mask)
+{
+	fputs(label, out);
+	for (int i = 0; i < n; i++)
+		if (mask & (1u << i))
+			fprintf(out, " %s", names[i]);
+}
+
 static double balanced_rows(const kiln_ir_graph *g)
 {
 	for (int32_t i = 0; i < g->n_layers; i++)
@@ -132,10 +142,8 @@ void kiln_report_check(const kiln_ir_graph *g, FILE *out)
 			    KILN_MEGATRON_RECOMPUTE_MODULES(X)
 #undef X
 			};
-			fprintf(out, ", recompute");
-			for (int i = 0; i < KILN_MRC_COUNT; i++)
-				if (mg->recompute_modules & (1u << i))
-					fprintf(out, " %s", mods[i]);
+			put_modules(out, ", recompute", mods, KILN_MRC_COUNT,
+			            mg->recompute_modules);
 		}
 		if (mg->offload_modules) {
 			static const char *const offs[] = {
@@ -143,10 +151,7 @@ void kiln_report_check(const kiln_ir_graph *g, FILE *out)
 			    KILN_MEGATRON_OFFLOAD_MODULES(X)
 #undef X
 			};
-			fprintf(out, ", offload");
-			for (int i = 0; i < KILN_MOF_COUNT; i++)
-				if (mg->offload_modules & (1u << i))
-					fprintf(out, " %s", offs[i]);
+			put_modules(out, ", offload", offs, KILN_MOF_COUNT, mg->offload_modules);
 		}
 		if (mg->capacity_factor > 0)
 			fprintf(out, ", capacity factor %g%s", mg->capacity_factor,

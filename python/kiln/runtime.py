@@ -385,7 +385,25 @@ _EMPTY = (_c.c_uint32 * 1)()
 
 # ---------------------------------------------------------------- the handle
 
-class Runtime:
+class _Closing:
+    """A handle released by close(): a context manager, closed when
+    collected too."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Runtime(_Closing):
     """A handle over a compiled plan blob (kilnc compile -o PLAN.kiln).
 
     Runtime(path) maps and validates the blob (kiln_rt_open_file);
@@ -442,19 +460,6 @@ class Runtime:
             self._lib.kiln_rt_close(self._h)
             self._h = None
             self._blob = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     @property
     def closed(self):
@@ -820,7 +825,7 @@ def probe(backend, library=None):
     return _record(r, status_text=strerror(r.status))
 
 
-class CopyEngine:
+class CopyEngine(_Closing):
     """The copy engine (docs/copy-engine.md): offloads device buffers into a
     host pool and reloads them, on the host backend, HIP or CUDA.
 
@@ -888,16 +893,3 @@ class CopyEngine:
         if self._h is not None:
             self._lib.kiln_copy_close(self._h)
             self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
