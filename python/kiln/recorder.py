@@ -22,6 +22,8 @@ may write its own file; merge() joins them.
 import os
 import tempfile
 
+from .runtime import _uint as _key  # the library loads on first use, not here
+
 __all__ = ["Recorder", "merge", "MAX_ROWS", "MAX_BYTES"]
 
 # What kilnc simulate --loads reads (sim/sim.h KILN_LOAD_TRACE_MAX_ROWS, _BYTES).
@@ -29,17 +31,6 @@ MAX_ROWS = 10_000_000
 MAX_BYTES = 256 << 20
 _MAX_ITERATION = 10**18 - 1
 _MAX_KEY = 2**31 - 2
-
-
-def _key(value, what, top):
-    if isinstance(value, bool) or not isinstance(value, int):
-        if hasattr(value, "__index__"):
-            value = value.__index__()
-        else:
-            raise TypeError("%s must be an int, not %s" % (what, type(value).__name__))
-    if value < 0 or value > top:
-        raise ValueError("%s must lie in [0, %d], got %d" % (what, top, value))
-    return value
 
 
 def _counts(tokens, what):
