@@ -367,7 +367,8 @@ kiln_out *kiln_out_open(const char *prog, const char *path, FILE *err)
 			mode_t mask = umask(0);
 			umask(mask);
 			/* Root replacing someone's file gives it back to them. */
-			if ((exists && geteuid() == 0 && fchown(o->fd, st.st_uid, st.st_gid) != 0) ||
+			if ((exists && geteuid() == 0 &&
+			     fchown(o->fd, st.st_uid, st.st_gid) != 0) ||
 			    fchmod(o->fd, exists ? st.st_mode & 07777 : 0666 & ~mask) != 0) {
 				int e = errno;
 				close(o->fd);
