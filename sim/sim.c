@@ -247,6 +247,13 @@ typedef struct scratch {
 	struct ranked *order; /* the distinct ranks by bound */
 	int oom;
 	int64_t over_budget;
+	/* megatron-paged-stash: per micro-batch of the current stage the CUDA
+	 * and host pages it holds; whether a device of this attempt overflowed
+	 * its stash or received more rows than its budget; and the most bytes
+	 * one device spilled to host. */
+	int64_t *st_cuda, *st_host;
+	int stash_overflow, stash_over_budget;
+	double spilled;
 	kiln_rt *acct;        /* mirror of the kiln policy's memory, or NULL */
 	kiln_progress *meter; /* the run's status line (decisions done), or NULL */
 	int64_t acct_checks, acct_mismatches;
@@ -327,8 +334,16 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
                      int32_t rank, int64_t weight, int memory, int timed, int32_t s0, int32_t s1,
                      scratch *sc)
 {
+	const kiln_hardware *hw = &w->c->model->hw;
 	for (int32_t s = s0; s < s1; s++) {
 		const stage_info *si = &w->stages[s];
+		/* megatron-paged-stash's first attempt: the stage's CUDA pages
+		 * are held all the time, beside the static bytes; the device's
+		 * overflow flag stops every later stash of the step (Megatron's
+		 * copy kernel, moe/ops/paged_stash.py:50-98). */
+		kiln_sim_stash st;
+		int stash = kiln_sim_policy_stash(pol, s, &st) == 0, overflowed = 0;
+		double stat = si->static_bytes + (stash ? st.cuda_bytes : 0), spilled = 0;
 		if (sc->acct)
 			kiln_rt_acct_reset(sc->acct, s, 0);
 		for (int32_t i = 0; i < w->m; i++) {
@@ -345,6 +360,15 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 					others += sc->held[j];
 			uint32_t pending = i < si->window - 1 ? (uint32_t)(si->window - 1 - i) : 0;
 			double cur = ceil(si->fixed_bytes - 1e-6), transient = 0;
+			/* Pages the window before micro-batch i holds (freed, as its
+			 * bytes are, by the backward of the micro-batch leaving it). */
+			int64_t used_c = 0, used_h = 0;
+			if (stash) {
+				sc->st_cuda[i] = sc->st_host[i] = 0;
+				for (int32_t j = i - si->window + 1; j < i; j++)
+					if (j >= 0)
+						used_c += sc->st_cuda[j], used_h += sc->st_host[j];
+			}
 			if (sc->acct && kiln_rt_acct_record(sc->acct, (uint32_t)i,
 			                                    KILN_ACCT_PRODUCED, u64_sat(cur)) != 0)
 				sc->acct_mismatches++;
@@ -365,7 +389,7 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 				}
 				if (li->set >= 0) {
 					kiln_sim_choice ch;
-					double free_b = si->capacity - si->static_bytes - others - cur;
+					double free_b = si->capacity - stat - others - cur;
 					kiln_sim_policy_decide(pol, li->set, li->model_layer, n, free_b, pending,
 					                       (uint32_t)i, cur, &ch);
 					double bound;
@@ -411,6 +435,14 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 						ch.copy_us = bound - ch.recompute_us;
 						ch.exposed_us = bound;
 					}
+					if (stash && li->moe_index >= 0) {
+						double extra = kiln_sim_stash_place(
+						    &st, hw, n, f, b, &sc->st_cuda[i],
+						    &sc->st_host[i], used_c, used_h, &overflowed,
+						    &spilled, &sc->stash_over_budget);
+						ch.exposed_us += extra;
+						ch.copy_us += extra;
+					}
 					cur += ch.resident_bytes;
 					if (sc->acct) {
 						kiln_acct ac;
@@ -441,11 +473,13 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 			sc->held[i] = cur;
 			if (!memory)
 				continue;
-			double device = si->static_bytes + others + cur + transient;
+			double device = stat + others + cur + transient;
 			sc->peak[s] = device > sc->peak[s] ? device : sc->peak[s];
 			if (!unbounded && device > si->capacity)
 				sc->oom = 1;
 		}
+		sc->stash_overflow |= overflowed;
+		sc->spilled = spilled > sc->spilled ? spilled : sc->spilled;
 		kiln_progress_add(sc->meter, (int64_t)si->n_layers * w->m);
 	}
 }
@@ -504,6 +538,12 @@ typedef struct run {
 	 * device ran out of memory, the exposed recompute and copies. */
 	double worst[64], rec[64], copy[64];
 	int oom[64];
+	/* megatron-paged-stash, this iteration: the rerun's slowest group,
+	 * failure, exposed times and peaks (per policy, p stages each), and
+	 * the first attempt's triggers and the most any device spilled. */
+	double worst2[64], rec2[64], copy2[64], spilled[64];
+	int oom2[64], overflow[64], dropped[64];
+	double *peak2;
 	double *iter_sum, *since_ckpt;
 	int32_t order[64]; /* the policies in the order the threads take them */
 	atomic_int next;   /* the next of order to take in this group */
@@ -725,9 +765,11 @@ static void distinct_ranks(run *r)
 	}
 }
 
-/* Policy k through one group's iteration it. Returns -1 when the
- * pipeline failed to simulate. */
-static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
+/* Policy k (its policy object pol: megatron-paged-stash's rerun for the
+ * second attempt, second 1) through one group's iteration it. Returns -1
+ * when the pipeline failed to simulate. */
+static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, int64_t it,
+                   scratch *sc)
 {
 	const kiln_sim_config *cfg = r->cfg;
 	const world *w = r->w;
@@ -738,32 +780,37 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 	memset(sc->layer_b, 0, sizeof(double) * sc->n_lay);
 	memset(sc->peak, 0, sizeof(double) * (size_t)w->p);
 	sc->oom = 0;
-	sc->acct = r->policies[k] == KILN_SIM_KILN ? cfg->acct_rt : NULL;
+	sc->stash_overflow = sc->stash_over_budget = 0;
+	sc->spilled = 0;
+	sc->acct = r->policies[k] == KILN_SIM_KILN && !second ? cfg->acct_rt : NULL;
 	sc->acct_checks = sc->acct_mismatches = 0;
 	int unb = r->policies[k] == KILN_SIM_UNBOUNDED;
 	double probe;
 	if (cfg->exact) {
 		for (int32_t x = 0; x < w->ep; x++)
-			run_rank(pw, r->pols[k], unb, &env, x, 1, 1, 1, 0, pw->p, sc);
+			run_rank(pw, pol, unb, &env, x, 1, 1, 1, 0, pw->p, sc);
 	} else if (pw->monotone && w->ep > 1 && pw->c->n_sets > 0 &&
 	           pw->c->n_buckets <= KILN_SIM_MAX_BUCKETS &&
-	           kiln_sim_policy_exposed_bound(r->pols[k], 0, r->rb[0].bits, 1, 0, &probe) == 0) {
+	           kiln_sim_policy_exposed_bound(pol, 0, r->rb[0].bits, 1, 0, &probe) == 0) {
 		/* A static policy: its decisions ignore free memory, so a
 		 * layer's time depends on its load alone and the envelope
 		 * takes as long as the slowest rank. Memory: every rank that
 		 * could raise a peak or fail, untimed. */
-		run_rank(pw, r->pols[k], unb, &env, -1, 1, 0, 1, 0, pw->p, sc);
+		run_rank(pw, pol, unb, &env, -1, 1, 0, 1, 0, pw->p, sc);
 		static_memory(r, k, pw, &env, unb, sc);
 	} else {
-		/* An adaptive policy: on each stage, every rank with distinct
-		 * loads there, in full. */
+		/* An adaptive policy (and the paged stash, whose pages depend
+		 * on the layers before): on each stage, every rank with
+		 * distinct loads there, in full. */
 		for (int32_t s = 0; s < pw->p; s++)
 			for (int32_t j = 0; j < r->n_uniq_s[s]; j++) {
 				size_t at = (size_t)s * w->ep + (size_t)j;
-				run_rank(pw, r->pols[k], unb, &env, r->uniq_s[at], r->weight_s[at],
-				         1, 1, s, s + 1, sc);
+				run_rank(pw, pol, unb, &env, r->uniq_s[at], r->weight_s[at], 1, 1,
+				         s, s + 1, sc);
 			}
 	}
+	double rec = 0, copy = 0;
+	double *peaks = second ? &r->peak2[(size_t)k * (size_t)w->p] : out->peak_bytes;
 	for (int32_t s = 0; s < w->p; s++) {
 		for (int32_t ch = 0; ch < w->v; ch++)
 			for (int32_t i = 0; i < w->m; i++) {
@@ -772,11 +819,18 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 				sc->bwd[at] = sum_layers(pw, sc, s, i, ch, 1, 0);
 			}
 		for (int32_t i = 0; i < w->m; i++) {
-			r->rec[k] += sum_layers(pw, sc, s, i, -1, 1, 1) / w->p;
-			r->copy[k] += sum_layers(pw, sc, s, i, -1, 0, 1) / w->p;
+			rec += sum_layers(pw, sc, s, i, -1, 1, 1) / w->p;
+			copy += sum_layers(pw, sc, s, i, -1, 0, 1) / w->p;
 		}
-		if (sc->peak[s] > out->peak_bytes[s])
-			out->peak_bytes[s] = sc->peak[s];
+		if (sc->peak[s] > peaks[s])
+			peaks[s] = sc->peak[s];
+	}
+	if (second) {
+		r->rec2[k] += rec;
+		r->copy2[k] += copy;
+	} else {
+		r->rec[k] += rec;
+		r->copy[k] += copy;
 	}
 	kiln_arena *pa = kiln_arena_new();
 	kiln_pipe_work pwk = {.kind = w->v > 1 ? KILN_PIPE_INTERLEAVED : KILN_PIPE_1F1B,
@@ -799,6 +853,13 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 		kiln_arena_free(pa);
 		return -1;
 	}
+	if (second) {
+		if (pr.makespan_us > r->worst2[k])
+			r->worst2[k] = pr.makespan_us;
+		r->oom2[k] |= sc->oom;
+		kiln_arena_free(pa);
+		return 0;
+	}
 	if (pr.makespan_us > r->worst[k])
 		r->worst[k] = pr.makespan_us;
 	/* The last iteration's schedule of the slowest group, for kilnc
@@ -811,11 +872,26 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 	}
 	kiln_arena_free(pa);
 	r->oom[k] |= sc->oom;
+	r->overflow[k] |= sc->stash_overflow;
+	r->dropped[k] |= sc->stash_over_budget;
+	r->spilled[k] = sc->spilled > r->spilled[k] ? sc->spilled : r->spilled[k];
 	out->over_budget += sc->over_budget;
 	out->acct_checks += sc->acct_checks;
 	out->acct_mismatches += sc->acct_mismatches;
 	sc->over_budget = 0;
 	return 0;
+}
+
+/* Policy k through one group's iteration it: megatron-paged-stash twice,
+ * its first attempt and its dropless rerun (whether the rerun happens is
+ * known once every group has run: end_iteration). Returns -1 when the
+ * pipeline failed to simulate. */
+static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
+{
+	if (attempt(r, k, r->pols[k], 0, it, sc) != 0)
+		return -1;
+	const kiln_sim_policy *again = kiln_sim_policy_rerun(r->pols[k]);
+	return again ? attempt(r, k, again, 1, it, sc) : 0;
 }
 
 /* The end of iteration it: its time, restarts, checkpoints, progress. */
@@ -826,6 +902,28 @@ static void end_iteration(run *r, int64_t it)
 	for (int32_t k = 0; k < r->n; k++) {
 		kiln_sim_result *out = &r->out[k];
 		double it_s = r->worst[k] * 1e-6;
+		/* megatron-paged-stash: an overflow or dropped tokens on any
+		 * device (PagedStashRunner all-reduces the flags over every rank)
+		 * rerun the whole step once, dropless and without the stash; a
+		 * device out of memory in the first attempt fails before that
+		 * (docs/simulator.md, "The paged stash"). */
+		int again = !r->oom[k] && (r->overflow[k] || r->dropped[k]);
+		out->stash_overflows += r->overflow[k] != 0;
+		out->stash_over_budget += r->dropped[k] != 0;
+		out->spilled_bytes += r->spilled[k];
+		if (again) {
+			out->reruns++;
+			out->rerun_s += r->worst2[k] * 1e-6;
+			it_s += r->worst2[k] * 1e-6;
+			r->oom[k] |= r->oom2[k];
+			for (int32_t s = 0; s < out->n_stages; s++) {
+				double pk = r->peak2[(size_t)k * (size_t)out->n_stages + (size_t)s];
+				out->peak_bytes[s] =
+				    pk > out->peak_bytes[s] ? pk : out->peak_bytes[s];
+			}
+			out->recompute_s += r->rec2[k] * 1e-6 / r->groups;
+			out->copy_s += r->copy2[k] * 1e-6 / r->groups;
+		}
 		r->iter_sum[k] += it_s;
 		r->since_ckpt[k] += it_s;
 		out->recompute_s += r->rec[k] * 1e-6 / r->groups;
@@ -860,8 +958,16 @@ static void *work(void *arg)
 			pthread_barrier_wait(&r->phase);
 			if (wk->t == 0) {
 				if (g == 0)
-					for (int32_t k = 0; k < r->n; k++)
+					for (int32_t k = 0; k < r->n; k++) {
 						r->worst[k] = 0, r->oom[k] = 0, r->rec[k] = r->copy[k] = 0;
+						r->worst2[k] = 0, r->oom2[k] = 0;
+						r->rec2[k] = r->copy2[k] = 0;
+						r->overflow[k] = r->dropped[k] = 0;
+						r->spilled[k] = 0;
+						for (int32_t s = 0; s < r->w->p; s++)
+							r->peak2[(size_t)k * (size_t)r->w->p +
+							         (size_t)s] = 0;
+					}
 				if (!r->cfg->exact)
 					distinct_ranks(r);
 				atomic_store(&r->next, 0);
@@ -892,9 +998,11 @@ static int scratch_new(const world *w, size_t n_lay, scratch *sc)
 	    .n_lay = n_lay,
 	    .bound = calloc((size_t)w->p * (size_t)w->ep, sizeof(double)),
 	    .order = calloc((size_t)w->ep, sizeof(ranked)),
+	    .st_cuda = calloc((size_t)w->m, sizeof(int64_t)),
+	    .st_host = calloc((size_t)w->m, sizeof(int64_t)),
 	};
 	return sc->fwd && sc->bwd && sc->layer_f && sc->layer_b && sc->held && sc->peak &&
-	               sc->bound && sc->order
+	               sc->bound && sc->order && sc->st_cuda && sc->st_host
 	           ? 0
 	           : -1;
 }
@@ -909,6 +1017,8 @@ static void scratch_free(scratch *sc)
 	free(sc->peak);
 	free(sc->bound);
 	free(sc->order);
+	free(sc->st_cuda);
+	free(sc->st_host);
 }
 
 /* The threads a run of n policies takes (kiln_sim_config.threads). */
@@ -1078,11 +1188,12 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	r.pols = calloc((size_t)n, sizeof *r.pols);
 	r.ops = calloc((size_t)n, sizeof *r.ops);
 	r.iter_sum = calloc((size_t)n, sizeof(double));
+	r.peak2 = calloc((size_t)n * (size_t)w.p, sizeof(double));
 	r.since_ckpt = calloc((size_t)n, sizeof(double));
 	int rc = -1, started = 0, barrier = 0;
 	int ok = r.loads && r.top && r.rb && r.sum_n && r.max_n && r.slots && r.uniq && r.weight &&
 	         r.uniq_s && r.weight_s && r.n_uniq_s && r.stage_rows && r.all_rows &&
-	         r.stage_begin && r.pols && r.ops && r.iter_sum && r.since_ckpt;
+	         r.stage_begin && r.pols && r.ops && r.iter_sum && r.since_ckpt && r.peak2;
 	for (int32_t t = 0; t < threads && ok; t++)
 		ok = scratch_new(&w, n_lay, &wks[t].sc) == 0;
 	if (!ok) {
@@ -1097,10 +1208,12 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 			fprintf(err, "kilnc: error: simulate: kiln:no-offload needs its compilation\n");
 			goto out;
 		}
-		if (kiln_sim_policy_new(policies[k], pc, no_off ? cfg->rt_no_offload : cfg->rt, a, err,
-		                        &r.pols[k]) != 0)
+		if (kiln_sim_policy_new_stash(policies[k], pc,
+		                              no_off ? cfg->rt_no_offload : cfg->rt, cfg->stash, a,
+		                              err, &r.pols[k]) != 0)
 			goto out;
 		out[k] = (kiln_sim_result){.policy = policies[k], .n_stages = w.p};
+		out[k].recipe = kiln_sim_policy_recipe(r.pols[k], &out[k].recipe_fits);
 		out[k].peak_bytes = kiln_arena_alloc(a, sizeof(double) * (size_t)w.p);
 		if (!out[k].peak_bytes)
 			goto out;
@@ -1179,5 +1292,6 @@ out:
 	free(r.stage_begin);
 	free(r.iter_sum);
 	free(r.since_ckpt);
+	free(r.peak2);
 	return rc;
 }
