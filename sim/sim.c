@@ -1221,7 +1221,10 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 		r.ops[k] = kiln_arena_alloc(a, sizeof(kiln_pipe_op) * n_ops);
 	}
 	kiln_sim_cost cost;
-	kiln_sim_cost_estimate(cfg, n, &cost);
+	int32_t n_cost = n; /* megatron-paged-stash costs two: its rerun */
+	for (int32_t k = 0; k < n; k++)
+		n_cost += policies[k] == KILN_SIM_MEGATRON_PAGED_STASH;
+	kiln_sim_cost_estimate(cfg, n_cost, &cost);
 	r.meter = kiln_progress_start(cfg->progress, "kilnc: simulate");
 	kiln_progress_line(
 	    r.meter, "kilnc: estimate     %.3g layer decisions: about %.0f s of CPU, %.0f MB\n",

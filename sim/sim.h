@@ -507,7 +507,8 @@ typedef struct kiln_sim_cost {
 #define KILN_SIM_MAX_BYTES (4.0 * 1073741824.0)
 #define KILN_SIM_CPU_US_PER_DECISION 0.12
 
-/* Fills out for n policies (1 to 64) of cfg (cfg->c finished). Returns 0. */
+/* Fills out for n policies (1 to 128: megatron-paged-stash counts as two, its
+ * rerun) of cfg (cfg->c finished). Returns 0. */
 int kiln_sim_cost_estimate(const kiln_sim_config *cfg, int32_t n, kiln_sim_cost *out);
 
 #endif

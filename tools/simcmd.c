@@ -387,7 +387,12 @@ int kilnc_simulate(int argc, char **argv)
 		goto out;
 	kiln_sim_config est = {
 	    .c = &c, .iterations = n_iters, .exact = exact, .max_groups = (int32_t)n_groups};
-	if (policy && (rc = simulate_fits(&est, n, model)) != KILNC_EXIT_OK)
+	/* megatron-paged-stash runs each step twice (its rerun): it costs
+	 * what two policies cost. */
+	int32_t n_cost = n;
+	for (int32_t j = 0; j < n; j++)
+		n_cost += kinds[j] == KILN_SIM_MEGATRON_PAGED_STASH;
+	if (policy && (rc = simulate_fits(&est, n_cost, model)) != KILNC_EXIT_OK)
 		goto out;
 	rc = KILNC_EXIT_INPUT;
 	if (plan) {
