@@ -80,6 +80,25 @@ void kiln_load_sample(const kiln_load_profile *p, const kiln_load_shape *shape, 
                       int64_t iteration, int32_t microbatch, int32_t layer, int32_t group,
                       double *out);
 
+/* Rows (tokens times routing choices) of every expert for the same sample
+ * as kiln_load_sample: out[r * e + j] for local expert j of EP rank r
+ * (e = experts_per_rank, 0 counting as 1; ep * e entries). Consistent
+ * with kiln_load_sample: rank r's rows add up to its factor times the
+ * balanced rows tokens * top_k / ep (up to float rounding, 1e-12 relative,
+ * tested). Profiles with per-expert structure give it as drawn (zipf: each
+ * expert's Zipf share, its rank's cap applied to its experts in
+ * proportion; hot-expert: the hot expert lifts its rank, every other
+ * expert of the layer alike); token traces of one column per local expert
+ * give the columns as recorded (experts beyond the columns 0); the rank-
+ * level profiles (paper, balanced, hot-rank, rotating, burst), factor
+ * traces, one-column token traces and ranks without a row spread a rank's
+ * rows evenly over its experts (docs/simulator.md, "Per-expert rows").
+ * Deterministic in the seed and indices, never allocates, safe from many
+ * threads. O(ep * e) (traces: O(log rows + ep * e)). */
+void kiln_load_sample_experts(const kiln_load_profile *p, const kiln_load_shape *shape,
+                              uint64_t seed, int64_t iteration, int32_t microbatch, int32_t layer,
+                              int32_t group, double *out);
+
 /* What a CSV trace may hold, for the reader (kiln_load_parse) and the
  * writer (kiln_load_write_csv) alike: a regular file of at most this many
  * bytes and data rows. */
