@@ -355,6 +355,39 @@ double kiln_sim_stash_padded_rows(const kiln_sim_stash *st, double rows)
 	return r * ceil((q + 1) / al) * al + (e - r) * ceil(q / al) * al;
 }
 
+double kiln_sim_stash_padded_rows_of(const kiln_sim_stash *st, double rows, const double *shares)
+{
+	if (!shares)
+		return kiln_sim_stash_padded_rows(st, rows);
+	if (!(rows > 0))
+		return 0;
+	/* Whole rows, apportioned by largest remainder: each expert the
+	 * floor of its share of the rank's rows, then one more to the largest
+	 * remainders (ties to the lower expert) until they add up. */
+	double al = st->flags.align_rows > 1 ? st->flags.align_rows : 1, sum = 0;
+	int32_t e = st->experts > 0 ? st->experts : 1;
+	double n = ceil(rows - 1e-9), given = 0;
+	double nj[KILN_SIM_STASH_MAX_EXPERTS], rem[KILN_SIM_STASH_MAX_EXPERTS];
+	if (e > KILN_SIM_STASH_MAX_EXPERTS)
+		return kiln_sim_stash_padded_rows(st, rows);
+	for (int32_t j = 0; j < e; j++) {
+		double x = n * (shares[j] > 0 ? shares[j] : 0);
+		nj[j] = floor(x);
+		rem[j] = x - nj[j];
+		given += nj[j];
+	}
+	for (double left = n - given; left >= 1; left--) {
+		int32_t best = 0;
+		for (int32_t j = 1; j < e; j++)
+			best = rem[j] > rem[best] ? j : best;
+		nj[best] += 1;
+		rem[best] = -1;
+	}
+	for (int32_t j = 0; j < e; j++)
+		sum += nj[j] > 0 ? ceil(nj[j] / al) * al : 0;
+	return sum;
+}
+
 int64_t kiln_sim_stash_pages(const kiln_sim_stash *st, double padded_rows)
 {
 	if (!(padded_rows > 0))
@@ -364,10 +397,11 @@ int64_t kiln_sim_stash_pages(const kiln_sim_stash *st, double padded_rows)
 }
 
 double kiln_sim_stash_place(const kiln_sim_stash *st, const kiln_hardware *hw, double n,
-                            double f_us, double b_us, int64_t *cuda, int64_t *host, int64_t used_c,
-                            int64_t used_h, int *overflowed, double *spilled, int *dropped)
+                            const double *shares, double f_us, double b_us, int64_t *cuda,
+                            int64_t *host, int64_t used_c, int64_t used_h, int *overflowed,
+                            double *spilled, int *dropped)
 {
-	double rows = kiln_sim_stash_padded_rows(st, n);
+	double rows = kiln_sim_stash_padded_rows_of(st, n, shares);
 	if (rows > st->budget_rows) {
 		*dropped = 1;
 		rows = st->budget_rows;
@@ -437,25 +471,87 @@ static int stash_module_of(kiln_op_kind k)
 	}
 }
 
-/* The actions of recompute-module set `mods` (bits of STASH_MOD_*) for
- * set: those modules' units recomputed (never the layer input), the paged
- * units and everything else kept. */
-static void stash_actions(const kiln_compilation *c, const kiln_unit_set *set, unsigned mods,
-                          uint8_t *out)
+/* Megatron-Core's --offload-modules allowed beside the stash, each
+ * offloading the input of its module (transformer_config.py:1323-1342:
+ * attn_norm, the attention norm's input; qkv_linear, the QKV projection's
+ * (the MLA down projections'); core_attn, core attention's; attn_proj,
+ * the output projection's; mlp_norm, the second norm's), with Megatron's
+ * rule that attn_proj needs core_attn (transformer_config.py:2148-2152). */
+enum {
+	STASH_OFF_ATTN_NORM,
+	STASH_OFF_QKV,
+	STASH_OFF_CORE_ATTN,
+	STASH_OFF_ATTN_PROJ,
+	STASH_OFF_MLP_NORM,
+	STASH_N_OFFS
+};
+static const char *const STASH_OFF_NAMES[STASH_N_OFFS] = {"attn_norm", "qkv_linear", "core_attn",
+                                                          "attn_proj", "mlp_norm"};
+
+/* The offload module whose input is tensor t of layer L, or -1. The
+ * layer's first norm is the attention's, the next the MLP's. */
+static int stash_offload_of(const kiln_ir_graph *g, const kiln_ir_layer *L, int32_t t)
 {
+	int norms = 0, found = -1;
+	for (int32_t o = L->op_begin; o < L->op_end && found < 0; o++) {
+		const kiln_ir_op *op = &g->ops[o];
+		if (op->backward)
+			continue;
+		int mod = -1;
+		switch (op->kind) {
+		case KILN_OP_NORM:
+			mod = norms++ == 0 ? STASH_OFF_ATTN_NORM : STASH_OFF_MLP_NORM;
+			break;
+		case KILN_OP_QKV_PROJ:
+		case KILN_OP_Q_DOWN:
+		case KILN_OP_KV_DOWN:
+			mod = STASH_OFF_QKV;
+			break;
+		case KILN_OP_ATTN_CORE:
+			mod = STASH_OFF_CORE_ATTN;
+			break;
+		case KILN_OP_OUT_PROJ:
+			mod = STASH_OFF_ATTN_PROJ;
+			break;
+		default:
+			break;
+		}
+		for (int32_t k = 0; mod >= 0 && k < op->n_inputs; k++)
+			if (op->inputs[k] == t)
+				found = mod;
+	}
+	return found;
+}
+
+/* The actions of recompute-module set rmods (bits of STASH_MOD_*) and
+ * offload-module set omods (bits of STASH_OFF_*) for set: those modules'
+ * units recomputed (never the layer input) or offloaded, the paged units
+ * and everything else kept. Returns -1 when a unit would be both
+ * recomputed and offloaded (such a recipe is skipped), else 0. */
+static int stash_actions(const kiln_compilation *c, const kiln_unit_set *set, unsigned rmods,
+                         unsigned omods, uint8_t *out)
+{
+	const kiln_ir_layer *L = &c->graph->layers[set->layer];
 	for (int32_t u = 0; u < set->n_units; u++) {
 		const kiln_unit *un = &set->units[u];
-		int mod = stash_module_of(c->graph->ops[un->producer].kind);
 		out[u] = KILN_ACT_KEEP;
-		if (mod >= 0 && (mods >> mod & 1) && !(un->flags & KILN_UNIT_LAYER_INPUT) &&
-		    !stash_paged_unit(c, un))
-			out[u] = KILN_ACT_RECOMPUTE;
+		if (stash_paged_unit(c, un))
+			continue;
+		int mod = stash_module_of(c->graph->ops[un->producer].kind);
+		int rec = mod >= 0 && (rmods >> mod & 1) && !(un->flags & KILN_UNIT_LAYER_INPUT);
+		int off = omods ? stash_offload_of(c->graph, L, un->tensor) : -1;
+		off = off >= 0 && (omods >> off & 1);
+		if (rec && off)
+			return -1;
+		out[u] = rec ? KILN_ACT_RECOMPUTE : off ? KILN_ACT_OFFLOAD : KILN_ACT_KEEP;
 	}
+	return 0;
 }
 
 /* The recipe the paged stash runs beside, as a team turning the stash on
- * would tune it (one flag set for the job): of the 16 sets of the four
- * modules above, the one with the least exposed time at the design load
+ * would tune it (one flag set for the job): of the sets of the four
+ * recompute modules above and the five offload modules (attn_proj only
+ * with core_attn), the one with the least exposed time at the design load
  * (KILN_BASELINE_DESIGN_LOAD: per stage the sum over its layers of each
  * plan's exposed time at that load's bucket, the slowest stage counting;
  * ties to fewer modules) with which every stage fits there with every
@@ -463,6 +559,13 @@ static void stash_actions(const kiln_compilation *c, const kiln_unit_set *set, u
  * the window's unpaged bytes, the largest transient with the budget's
  * rows). Where none fits, the set that overshoots least (the run then
  * fails, as it would). Fills p->actions and p->recipe (arena-owned). */
+/* One set's actions already scheduled, and their exposed time. */
+typedef struct stash_seen {
+	struct stash_seen *next;
+	double exposed_us;
+	uint8_t actions[];
+} stash_seen;
+
 static int stash_recipe(kiln_sim_policy *p, kiln_arena *a)
 {
 	const kiln_compilation *c = p->c;
@@ -470,25 +573,30 @@ static int stash_recipe(kiln_sim_policy *p, kiln_arena *a)
 	int32_t bd = kiln_plan_bucket_of(c->buckets, nb, KILN_BASELINE_DESIGN_LOAD);
 	bd = bd < nb ? bd : nb - 1;
 	uint8_t *x = kiln_arena_alloc(a, KILN_PLAN_MAX_UNITS);
-	if (!x)
+	stash_seen **seen = kiln_arena_alloc(a, sizeof(stash_seen *) * (size_t)(c->n_sets + 1));
+	if (!x || !seen)
 		return -1;
+	memset(seen, 0, sizeof(stash_seen *) * (size_t)(c->n_sets + 1));
 	unsigned best = 0, closest = 0;
 	double best_us = INFINITY, least_over = INFINITY;
 	int any_fits = 0;
-	for (unsigned mods = 0; mods < 1u << STASH_N_MODS; mods++) {
+	unsigned n_r = 1u << STASH_N_MODS, n_o = 1u << STASH_N_OFFS;
+	for (unsigned combo = 0; combo < n_r * n_o; combo++) {
+		unsigned rmods = combo % n_r, omods = combo / n_r;
+		if ((omods >> STASH_OFF_ATTN_PROJ & 1) && !(omods >> STASH_OFF_CORE_ATTN & 1))
+			continue;
 		int valid = 1;
-		double worst_over = -INFINITY, slowest = 0;
+		double worst_over = -INFINITY;
 		for (int32_t s = 0; s < c->graph->n_stages && valid; s++) {
 			const kiln_stage_budget *bu = &c->budgets[s];
 			double win = ceil(bu->inflight), held = bu->fixed_bytes, tr = 0, extra = 0;
-			double stage_us = 0;
 			win = win >= 1 ? win : 1;
 			for (int32_t k = 0; k < c->n_sets && valid; k++) {
 				const kiln_unit_set *set = &c->sets[k];
 				if (set->stage != s)
 					continue;
-				stash_actions(c, set, mods, x);
-				if (kiln_plan_valid(set, x) != 0) {
+				if (stash_actions(c, set, rmods, omods, x) != 0 ||
+				    kiln_plan_valid(set, x) != 0) {
 					valid = 0;
 					break;
 				}
@@ -507,49 +615,88 @@ static int stash_recipe(kiln_sim_policy *p, kiln_arena *a)
 				}
 				held += (double)set->n_layers * (b.resident - paged);
 				tr = t > tr ? t : tr;
-				cost co;
-				if (cost_of(c, k, bd, x, &co) != 0)
-					co.exposed_us = 0;
-				stage_us += (double)set->n_layers * co.exposed_us;
 			}
 			double over =
 			    bu->static_bytes + extra + win * held + tr - bu->capacity_bytes;
 			worst_over = over > worst_over ? over : worst_over;
-			slowest = stage_us > slowest ? stage_us : slowest;
 		}
 		if (!valid)
 			continue;
-		int fewer = __builtin_popcount(mods) < __builtin_popcount(best);
-		if (worst_over <= 0 &&
-		    (!any_fits || slowest < best_us || (slowest == best_us && fewer))) {
-			any_fits = 1;
-			best = mods;
-			best_us = slowest;
-		}
 		if (worst_over < least_over) {
 			least_over = worst_over;
-			closest = mods;
+			closest = combo;
+		}
+		if (worst_over > 0)
+			continue;
+		/* It fits: its time, the slowest stage's. Modules a model lacks
+		 * give the same actions: each set's are scheduled once. */
+		double slowest = 0;
+		for (int32_t s = 0; s < c->graph->n_stages; s++) {
+			double stage_us = 0;
+			for (int32_t k = 0; k < c->n_sets; k++) {
+				if (c->sets[k].stage != s)
+					continue;
+				int32_t nu = c->sets[k].n_units;
+				stash_actions(c, &c->sets[k], rmods, omods, x);
+				double ex = NAN;
+				for (stash_seen *q = seen[k]; q && isnan(ex); q = q->next)
+					if (memcmp(q->actions, x, (size_t)nu) == 0)
+						ex = q->exposed_us;
+				if (isnan(ex)) {
+					cost co;
+					ex = cost_of(c, k, bd, x, &co) == 0 ? co.exposed_us : 0;
+					stash_seen *q =
+					    kiln_arena_alloc(a, sizeof *q + (size_t)nu + 1);
+					if (!q)
+						return -1;
+					memcpy(q->actions, x, (size_t)nu);
+					q->exposed_us = ex;
+					q->next = seen[k];
+					seen[k] = q;
+				}
+				stage_us += (double)c->sets[k].n_layers * ex;
+			}
+			slowest = stage_us > slowest ? stage_us : slowest;
+		}
+		int fewer = __builtin_popcount(combo) < __builtin_popcount(best);
+		if (!any_fits || slowest < best_us || (slowest == best_us && fewer)) {
+			any_fits = 1;
+			best = combo;
+			best_us = slowest;
 		}
 	}
-	unsigned mods = any_fits ? best : closest;
+	unsigned combo = any_fits ? best : closest;
+	unsigned rmods = combo % n_r, omods = combo / n_r;
 	p->recipe_fits = any_fits;
 	for (int32_t k = 0; k < c->n_sets; k++) {
 		const kiln_unit_set *set = &c->sets[k];
 		uint8_t *act = kiln_arena_alloc(a, (size_t)set->n_units + 1);
 		if (!act)
 			return -1;
-		stash_actions(c, set, mods, act);
+		stash_actions(c, set, rmods, omods, act);
 		p->actions[k] = act;
 	}
-	char buf[256];
-	int len = snprintf(buf, sizeof buf, "%s",
-	                   mods ? "--recompute-granularity selective --recompute-modules" : "");
-	for (int b = 0; b < STASH_N_MODS; b++)
-		if (mods >> b & 1)
-			len += snprintf(buf + len, sizeof buf - (size_t)len, " %s",
-			                STASH_MOD_NAMES[b]);
-	if (!mods)
-		snprintf(buf, sizeof buf, "no recompute");
+	char buf[512];
+	int len = 0;
+	if (rmods) {
+		len += snprintf(buf + len, sizeof buf - (size_t)len,
+		                "--recompute-granularity selective --recompute-modules");
+		for (int b = 0; b < STASH_N_MODS; b++)
+			if (rmods >> b & 1)
+				len += snprintf(buf + len, sizeof buf - (size_t)len, " %s",
+				                STASH_MOD_NAMES[b]);
+	}
+	if (omods) {
+		len += snprintf(buf + len, sizeof buf - (size_t)len,
+		                "%s--fine-grained-activation-offloading --offload-modules",
+		                rmods ? " " : "");
+		for (int b = 0; b < STASH_N_OFFS; b++)
+			if (omods >> b & 1)
+				len += snprintf(buf + len, sizeof buf - (size_t)len, " %s",
+				                STASH_OFF_NAMES[b]);
+	}
+	if (!rmods && !omods)
+		snprintf(buf, sizeof buf, "no recompute, no offload");
 	char *r = kiln_arena_alloc(a, strlen(buf) + 1);
 	if (!r)
 		return -1;

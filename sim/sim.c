@@ -265,6 +265,11 @@ typedef struct envelope {
 	const double *loads;          /* [(i * n_moe + k) * ep + r] */
 	const double *top;            /* per (i, k): the largest factor over the ranks */
 	const struct row_buckets *rb; /* per (i, k): the load buckets the ranks take */
+	/* megatron-paged-stash: per (i, k, rank) each local expert's share of
+	 * the rank's rows, [((i * n_moe + k) * ep + r) * e + j]; NULL when no
+	 * policy needs them. */
+	const double *shares;
+	int32_t e;
 } envelope;
 
 /* The load buckets the ranks of one (micro-batch, MoE layer) take, as a
@@ -436,8 +441,16 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 						ch.exposed_us = bound;
 					}
 					if (stash && li->moe_index >= 0) {
+						const double *sh =
+						    env->shares && rank >= 0
+						        ? &env->shares[(((size_t)i * w->n_moe +
+						                         (size_t)li->moe_index) *
+						                            (size_t)w->ep +
+						                        (size_t)rank) *
+						                       (size_t)env->e]
+						        : NULL;
 						double extra = kiln_sim_stash_place(
-						    &st, hw, n, f, b, &sc->st_cuda[i],
+						    &st, hw, n, sh, f, b, &sc->st_cuda[i],
 						    &sc->st_host[i], used_c, used_h, &overflowed,
 						    &spilled, &sc->stash_over_budget);
 						ch.exposed_us += extra;
@@ -518,6 +531,11 @@ typedef struct run {
 	int32_t n, groups, threads;
 	double *loads, *top;
 	row_buckets *rb;
+	/* Per (micro-batch, MoE layer, rank) its local experts' shares of its
+	 * rows (envelope.shares), when a policy needs them (the paged stash),
+	 * else NULL; e local experts per rank. */
+	double *shares;
+	int32_t e;
 	/* Per (stage, micro-batch, rank): the sum and the largest of the
 	 * rank's rows over the stage's MoE layers (the statistical method's
 	 * memory bound for static policies). */
@@ -564,6 +582,25 @@ typedef struct worker {
 	pthread_t id;
 } worker;
 
+/* The local experts' shares of each rank's rows in group g's sample (it,
+ * i, k) (kiln_load_sample_experts, normalised per rank; a rank without
+ * rows splits evenly), so that they apply to the rows the simulator uses
+ * after clamping the factors. */
+static void expert_shares(run *r, int64_t it, int32_t i, int32_t k, int32_t g)
+{
+	const world *w = r->w;
+	size_t e = (size_t)r->e;
+	double *x = &r->shares[((size_t)i * w->n_moe + k) * (size_t)w->ep * e];
+	kiln_load_sample_experts(r->cfg->loads, &w->shape, r->cfg->seed, it, i, k, g, x);
+	for (int32_t q = 0; q < w->ep; q++) {
+		double *v = &x[(size_t)q * e], sum = 0;
+		for (size_t j = 0; j < e; j++)
+			sum += v[j] > 0 ? v[j] : 0;
+		for (size_t j = 0; j < e; j++)
+			v[j] = sum > 0 ? (v[j] > 0 ? v[j] / sum : 0) : 1.0 / (double)e;
+	}
+}
+
 /* This thread's share of group g's loads in iteration it, and their
  * envelope. */
 static void sample_share(run *r, int32_t t, int64_t it, int32_t g)
@@ -578,6 +615,8 @@ static void sample_share(run *r, int32_t t, int64_t it, int32_t g)
 				continue;
 			}
 			kiln_load_sample(cfg->loads, &w->shape, cfg->seed, it, i, k, g, v);
+			if (r->shares)
+				expert_shares(r, it, i, k, g);
 			/* A trace can ask for any factor; no rank receives more rows
 			 * than routing can send it (docs/simulator.md, "Traces"). */
 			for (int32_t x = 0; x < w->ep; x++)
@@ -695,14 +734,20 @@ static void static_memory(run *r, int32_t k, const world *pw, const envelope *en
 }
 
 /* Whether ranks a and b have the same load in each of the n samples at
- * offsets list[0 .. n) (compared as numbers: 0 and -0 alike). */
-static int same_loads(const world *w, const double *loads, const size_t *list, size_t n, int32_t a,
-                      int32_t b)
+ * offsets list[0 .. n) (compared as numbers: 0 and -0 alike), and, when
+ * the run keeps them, the same experts' shares. */
+static int same_loads(const run *r, const size_t *list, size_t n, int32_t a, int32_t b)
 {
+	const world *w = r->w;
+	size_t e = (size_t)r->e;
 	for (size_t j = 0; j < n; j++) {
 		size_t x = list[j] * (size_t)w->ep;
-		if (loads[x + (size_t)a] != loads[x + (size_t)b])
+		if (r->loads[x + (size_t)a] != r->loads[x + (size_t)b])
 			return 0;
+		for (size_t q = 0; r->shares && q < e; q++)
+			if (r->shares[(x + (size_t)a) * e + q] !=
+			    r->shares[(x + (size_t)b) * e + q])
+				return 0;
 	}
 	return 1;
 }
@@ -731,7 +776,7 @@ static int32_t distinct_of(run *r, const size_t *list, size_t n, int32_t *uniq, 
 		int32_t found = -1;
 		for (; r->slots[at] >= 0; at = (at + 1) & (r->n_slots - 1)) {
 			int32_t u = r->slots[at];
-			if (same_loads(w, r->loads, list, n, uniq[u], k)) {
+			if (same_loads(r, list, n, uniq[u], k)) {
 				found = u;
 				break;
 			}
@@ -775,7 +820,8 @@ static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, in
 	const world *w = r->w;
 	const world *pw = r->policies[k] == KILN_SIM_KILN_NO_OFFLOAD ? r->w2 : r->w;
 	kiln_sim_result *out = &r->out[k];
-	envelope env = {.loads = r->loads, .top = r->top, .rb = r->rb};
+	envelope env = {
+	    .loads = r->loads, .top = r->top, .rb = r->rb, .shares = r->shares, .e = r->e};
 	memset(sc->layer_f, 0, sizeof(double) * sc->n_lay);
 	memset(sc->layer_b, 0, sizeof(double) * sc->n_lay);
 	memset(sc->peak, 0, sizeof(double) * (size_t)w->p);
@@ -1153,6 +1199,12 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	r.loads = calloc(n_loads, sizeof(double));
 	r.top = calloc(n_rows, sizeof(double));
 	r.rb = calloc(n_rows, sizeof(row_buckets));
+	/* The paged stash pads every local expert's rows: it needs them. */
+	int any_stash = 0;
+	for (int32_t k = 0; k < n; k++)
+		any_stash |= policies[k] == KILN_SIM_MEGATRON_PAGED_STASH;
+	r.e = w.shape.experts_per_rank > 0 ? w.shape.experts_per_rank : 1;
+	r.shares = any_stash ? calloc(n_loads * (size_t)r.e, sizeof(double)) : NULL;
 	size_t n_sums = (size_t)w.p * (size_t)w.m * (size_t)w.ep;
 	r.sum_n = malloc(sizeof(double) * n_sums);
 	r.max_n = malloc(sizeof(double) * n_sums);
@@ -1191,9 +1243,10 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	r.peak2 = calloc((size_t)n * (size_t)w.p, sizeof(double));
 	r.since_ckpt = calloc((size_t)n, sizeof(double));
 	int rc = -1, started = 0, barrier = 0;
-	int ok = r.loads && r.top && r.rb && r.sum_n && r.max_n && r.slots && r.uniq && r.weight &&
-	         r.uniq_s && r.weight_s && r.n_uniq_s && r.stage_rows && r.all_rows &&
-	         r.stage_begin && r.pols && r.ops && r.iter_sum && r.since_ckpt && r.peak2;
+	int ok = r.loads && r.top && r.rb && (r.shares || !any_stash) && r.sum_n && r.max_n &&
+	         r.slots && r.uniq && r.weight && r.uniq_s && r.weight_s && r.n_uniq_s &&
+	         r.stage_rows && r.all_rows && r.stage_begin && r.pols && r.ops && r.iter_sum &&
+	         r.since_ckpt && r.peak2;
 	for (int32_t t = 0; t < threads && ok; t++)
 		ok = scratch_new(&w, n_lay, &wks[t].sc) == 0;
 	if (!ok) {
@@ -1280,6 +1333,7 @@ out:
 	free(r.pols);
 	free(r.ops);
 	free(r.loads);
+	free(r.shares);
 	free(r.top);
 	free(r.rb);
 	free(r.sum_n);

@@ -372,10 +372,19 @@ int kiln_sim_policy_stash(const kiln_sim_policy *p, int32_t s, kiln_sim_stash *o
  * each local expert's rows rounded up to align_rows, the rows spread over
  * the experts as evenly as integers allow (q + 1 rows on rows mod E of
  * them, q = floor(rows / E) on the rest; rows rounded up to an integer).
- * TODO: take the per-expert rows once the load profiles give them (sim/
- * loads.c kiln_load_sample_experts); until then this rank-level spread is
- * the approximation (docs/simulator.md, "The paged stash"). */
+ * The simulator uses kiln_sim_stash_padded_rows_of with the experts'
+ * shares of the load profile; this is its spread without them. */
 double kiln_sim_stash_padded_rows(const kiln_sim_stash *st, double rows);
+
+/* The same with expert j taking the share shares[j] of the rows
+ * (st->experts of them, summing to 1; kiln_load_sample_experts
+ * normalised): the rows, rounded up to an integer, apportioned to whole
+ * rows by largest remainder (even shares: kiln_sim_stash_padded_rows's
+ * spread), each expert's rounded up to align_rows. NULL shares, or more
+ * than KILN_SIM_STASH_MAX_EXPERTS experts: kiln_sim_stash_padded_rows.
+ * O(experts^2) at most; never allocates. */
+#define KILN_SIM_STASH_MAX_EXPERTS 1024
+double kiln_sim_stash_padded_rows_of(const kiln_sim_stash *st, double rows, const double *shares);
 
 /* Pages one stashed tensor of padded_rows rows takes: ceil(rows /
  * page_rows), as Megatron's copy kernel asks the free list for. */
@@ -394,7 +403,8 @@ int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const struct kiln_compilat
  * design load; NULL (and 0) for every other policy. Owned by p. */
 const char *kiln_sim_policy_recipe(const kiln_sim_policy *p, int *fits);
 
-/* One MoE layer's stash on one device, at rows n, with forward f_us and
+/* One MoE layer's stash on one device, at rows n split over its experts
+ * by shares (kiln_sim_stash_padded_rows_of), with forward f_us and
  * backward b_us (0 when untimed): the pages go to the CUDA buffer when
  * its free pages suffice, else to the host buffer, else the device
  * overflows (Megatron's paged_stash_copy_kernel, moe/ops/paged_stash.py:
@@ -412,8 +422,9 @@ const char *kiln_sim_policy_recipe(const kiln_sim_policy *p, int *fits);
  * which the device stashes nothing more this step) and *dropped, adds
  * spilled bytes to *spilled. Never allocates. */
 double kiln_sim_stash_place(const kiln_sim_stash *st, const kiln_hardware *hw, double n,
-                            double f_us, double b_us, int64_t *cuda, int64_t *host, int64_t used_c,
-                            int64_t used_h, int *overflowed, double *spilled, int *dropped);
+                            const double *shares, double f_us, double b_us, int64_t *cuda,
+                            int64_t *host, int64_t used_c, int64_t used_h, int *overflowed,
+                            double *spilled, int *dropped);
 
 /* megatron-paged-stash's rerun: the same recipe with the stash off and no
  * capacity (dropless), every unit at its actual rows; NULL for every other

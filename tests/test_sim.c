@@ -264,6 +264,7 @@ static void never_optimistic(const kiln_sim_result *st, const kiln_sim_result *e
 		const char *name = kiln_sim_policy_name((kiln_sim_policy_kind)k);
 		cr_assert_geq(st[k].ooms, ex[k].ooms, "%s %s", what, name);
 		cr_assert_geq(st[k].over_budget, ex[k].over_budget, "%s %s", what, name);
+		cr_assert_geq(st[k].reruns, ex[k].reruns, "%s %s", what, name);
 		cr_assert_leq(st[k].tokens_per_s, ex[k].tokens_per_s, "%s %s: %.17g vs %.17g", what,
 		              name, st[k].tokens_per_s, ex[k].tokens_per_s);
 		cr_assert_geq(st[k].iteration_s, ex[k].iteration_s, "%s %s", what, name);

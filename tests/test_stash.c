@@ -144,11 +144,46 @@ Test(sim_stash, buffers_are_sized_as_megatron_sizes_them)
 	cr_expect_null(kiln_sim_policy_recipe(q, NULL));
 	/* 64 MiB: keeping everything beside the stash fits at load 1.2. */
 	int fits = 0;
-	cr_expect_str_eq(kiln_sim_policy_recipe(p, &fits), "no recompute");
+	cr_expect_str_eq(kiln_sim_policy_recipe(p, &fits), "no recompute, no offload");
 	cr_expect(fits);
 	kiln_sim_policy_free(p);
 	kiln_sim_policy_free(q);
 	kiln_arena_free(t.a);
+}
+
+/* On the shipped tiny (10 MiB), keeping everything beside the stash does
+ * not fit at load 1.2; the recipe found says it fits, and at balanced
+ * load (below the design load) it never runs out of memory. */
+Test(sim_stash, recipe_fits_where_it_says_it_does, .timeout = 120)
+{
+	kiln_compilation c = *kt_compiled("examples/models/tiny.yaml", KILN_SOLVER_DP, false);
+	kiln_arena *a = kiln_arena_new();
+	cr_assert_not_null(a);
+	kiln_sim_policy *p;
+	cr_assert_eq(kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &c, NULL, a, stderr, &p),
+	             0);
+	int fits = 0;
+	const char *recipe = kiln_sim_policy_recipe(p, &fits);
+	cr_expect(fits, "%s", recipe);
+	cr_expect_str_neq(recipe, "no recompute, no offload");
+	kiln_sim_policy_free(p);
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse("balanced", c.model->max_factor, a, stderr, &prof), 0);
+	kiln_sim_config cfg = {.c = &c,
+	                       .loads = prof,
+	                       .iterations = 3,
+	                       .seed = 7,
+	                       .restart_s = 284,
+	                       .checkpoint_every = 100,
+	                       .exact = 1,
+	                       .threads = 1};
+	kiln_sim_policy_kind k = KILN_SIM_MEGATRON_PAGED_STASH;
+	kiln_sim_result r;
+	cr_assert_eq(kiln_sim_run(&cfg, &k, 1, a, stderr, &r), 0);
+	cr_expect_eq(r.ooms, 0, "%s", recipe);
+	cr_expect_eq(r.reruns, 0);
+	cr_expect_leq(r.peak_bytes[0], c.budgets[0].capacity_bytes);
+	kiln_arena_free(a);
 }
 
 /* The dispatcher's budget is 768 rows per rank (above). 513 rows pad to
@@ -179,6 +214,43 @@ Test(sim_stash, reruns_exactly_when_rows_exceed_the_receive_budget, .timeout = 1
 	          "%.17g vs %.17g + %.17g / 2", over.iteration_s, in.iteration_s, over.rerun_s);
 	cr_expect_gt(over.rerun_s, 0.9 * in.iteration_s);
 	cr_expect_leq(over.rerun_s, in.iteration_s * (1 + 1e-12));
+	kiln_arena_free(t.a);
+}
+
+/* The padding is per local expert, so the split of a rank's rows
+ * decides: a token trace (one column per local expert) of 514 rows as
+ * 512 + 2 pads to 512 + 256 = 768, within the budget; as 257 + 257 to
+ * 1024, over it: a rerun. Shares 1/4 and 3/4 of 514 rows: 128.5 and
+ * 385.5, floors 128 and 385, the row left to the lower expert (equal
+ * remainders): 129 + 385, padded 256 + 512 = 768. */
+Test(sim_stash, padding_follows_each_experts_rows, .timeout = 120)
+{
+	big_tiny t;
+	big_tiny_setup(&t);
+	static const char *const fmt = "iteration,microbatch,layer,rank,e0,e1\n0,0,3,0,%d,%d\n"
+	                               "0,0,6,1,256,256\n1,0,6,0,256,256\n";
+	static const int split[2][2] = {{512, 2}, {257, 257}};
+	for (int c = 0; c < 2; c++) {
+		char text[256];
+		snprintf(text, sizeof text, fmt, split[c][0], split[c][1]);
+		char *path = kt_temp_file(".csv", text, strlen(text));
+		kiln_sim_result r = stash_run(&t, path, 2, 1, NULL);
+		cr_expect_eq(r.reruns, c, "%d + %d", split[c][0], split[c][1]);
+		cr_expect_eq(r.stash_over_budget, c);
+		unlink(path);
+		free(path);
+	}
+	kiln_sim_policy *p;
+	cr_assert_eq(
+	    kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, t.a, stderr, &p), 0);
+	kiln_sim_stash st;
+	cr_assert_eq(kiln_sim_policy_stash(p, 1, &st), 0);
+	static const double quarter[2] = {0.25, 0.75}, half[2] = {0.5, 0.5};
+	cr_expect_eq(kiln_sim_stash_padded_rows_of(&st, 514, quarter), 768);
+	cr_expect_eq(kiln_sim_stash_padded_rows_of(&st, 514, half), 1024);
+	cr_expect_eq(kiln_sim_stash_padded_rows_of(&st, 513, half), 768);
+	cr_expect_eq(kiln_sim_stash_padded_rows_of(&st, 514, NULL), 1024);
+	kiln_sim_policy_free(p);
 	kiln_arena_free(t.a);
 }
 
@@ -247,21 +319,21 @@ Test(sim_stash, placement_and_spill_time_equal_a_hand_calculation)
 	int64_t cuda = 0, host = 0;
 	int overflowed = 0, dropped = 0;
 	double spilled = 0;
-	double us = kiln_sim_stash_place(&st, &hw, 500, 50, 100, &cuda, &host, 0, 0, &overflowed,
-	                                 &spilled, &dropped);
+	double us = kiln_sim_stash_place(&st, &hw, 500, NULL, 50, 100, &cuda, &host, 0, 0,
+	                                 &overflowed, &spilled, &dropped);
 	cr_expect(fabs(us - 18.432) < 1e-9, "%.17g", us);
 	cr_expect_eq(cuda, 8);
 	cr_expect_eq(host, 0);
 	cr_expect_eq(dropped, 0);
-	us = kiln_sim_stash_place(&st, &hw, 600, 50, 100, &cuda, &host, 0, 0, &overflowed, &spilled,
-	                          &dropped);
+	us = kiln_sim_stash_place(&st, &hw, 600, NULL, 50, 100, &cuda, &host, 0, 0, &overflowed,
+	                          &spilled, &dropped);
 	cr_expect(fabs(us - 32.944) < 1e-9, "%.17g", us);
 	cr_expect_eq(host, 12);
 	cr_expect_eq(spilled, 691200);
 	cr_expect_eq(dropped, 1);
 	cr_expect_eq(overflowed, 0);
-	us = kiln_sim_stash_place(&st, &hw, 500, 50, 100, &cuda, &host, 0, 0, &overflowed, &spilled,
-	                          &dropped);
+	us = kiln_sim_stash_place(&st, &hw, 500, NULL, 50, 100, &cuda, &host, 0, 0, &overflowed,
+	                          &spilled, &dropped);
 	cr_expect_eq(us, 0);
 	cr_expect_eq(overflowed, 1);
 	cr_expect_eq(cuda, 8);
@@ -269,8 +341,8 @@ Test(sim_stash, placement_and_spill_time_equal_a_hand_calculation)
 	/* After an overflow the device stashes nothing more (the copy
 	 * kernel returns at once), even what would fit. */
 	cuda = 0;
-	us = kiln_sim_stash_place(&st, &hw, 100, 50, 100, &cuda, &host, 0, 0, &overflowed, &spilled,
-	                          &dropped);
+	us = kiln_sim_stash_place(&st, &hw, 100, NULL, 50, 100, &cuda, &host, 0, 0, &overflowed,
+	                          &spilled, &dropped);
 	cr_expect_eq(us, 0);
 	cr_expect_eq(cuda, 0);
 }
@@ -282,8 +354,9 @@ Test(sim_stash, statistical_method_equals_exact, .timeout = 300)
 {
 	big_tiny t;
 	big_tiny_setup(&t);
-	static const char *const loads[] = {"paper", "hot-rank", "rotating", "hot-expert"};
-	for (int l = 0; l < 4; l++) {
+	static const char *const loads[] = {"paper", "hot-rank", "rotating", "hot-expert",
+	                                    "zipf:1.2"};
+	for (int l = 0; l < 5; l++) {
 		kiln_sim_result st = stash_run(&t, loads[l], 6, 0, NULL);
 		kiln_sim_result ex = stash_run(&t, loads[l], 6, 1, NULL);
 		cr_expect_eq(st.ooms, ex.ooms, "%s", loads[l]);
