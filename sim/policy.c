@@ -308,7 +308,7 @@ static int stash_paged_unit(const kiln_compilation *c, const kiln_unit *u)
  * 1098-1109), tokens * top_k being the balanced rows. Average rows:
  * max_num_tokens // CF (moe/experts.py:766-775). Buffer: during its
  * first (capture) step Megatron sums the average rows of the tensors held
- * at once and keeps the peak (paged_stash.py:733-750); in 1F1B that is
+ * at once and keeps the peak (paged_stash.py:723-748); in 1F1B that is
  * every MoE layer of the stage for each of its W in-flight micro-batches;
  * the CUDA buffer holds int(peak * cuda_factor) rows in whole pages, the
  * host buffer int(peak * cpu_factor) (paged_stash.py:551-632 and
