@@ -330,8 +330,11 @@ static void stash_size(const kiln_compilation *c, const kiln_unit_set *set,
 	double avg = floor(budget / fl->rank_capacity_factor);
 	double peak = (double)window * (double)set->n_layers * avg;
 	double pr = fl->page_rows;
-	int64_t cuda = (int64_t)ceil(floor(peak * fl->cuda_factor) / pr);
-	int64_t host = fl->cpu_factor > 0 ? (int64_t)ceil(floor(peak * fl->cpu_factor) / pr) : 0;
+	/* Whole pages, saturated (never an out-of-range conversion). */
+	double cp = ceil(floor(peak * fl->cuda_factor) / pr);
+	double hp = fl->cpu_factor > 0 ? ceil(floor(peak * fl->cpu_factor) / pr) : 0;
+	int64_t cuda = cp < 9e18 ? (int64_t)cp : INT64_MAX;
+	int64_t host = hp < 9e18 ? (int64_t)hp : INT64_MAX;
 	*out = (kiln_sim_stash){.flags = *fl,
 	                        .row_bytes = row,
 	                        .budget_rows = budget,
