@@ -152,6 +152,7 @@ static bool hw_from_fields(kiln_fe_ctx *c, kiln_fe_field *f, bool in_file,
 	out->peak_tflops = f[KILN_FE_F_PEAK_TFLOPS].f;
 	out->gemm_efficiency = eff->f;
 	out->hbm_gbps = f[KILN_FE_F_HBM_GBPS].f;
+	out->sfu_tops = f[KILN_FE_F_SFU_TOPS].state == KILN_FE_SET ? f[KILN_FE_F_SFU_TOPS].f : 0;
 	out->h2d_gbps = f[KILN_FE_F_H2D_GBPS].f;
 	out->d2h_gbps = f[KILN_FE_F_D2H_GBPS].f;
 	out->host_memory_gib = f[KILN_FE_F_HOST_MEMORY_GIB].f;

@@ -200,6 +200,7 @@ typedef struct kiln_hardware {
 	double peak_tflops;
 	double gemm_efficiency; /* (0, 1] */
 	double hbm_gbps;
+	double sfu_tops; /* special-function (exp) results per second, 1e12; 0: not modelled */
 	double h2d_gbps;
 	double d2h_gbps;
 	double host_memory_gib;
