@@ -10,9 +10,13 @@
  *   below peak; in backward only the data gradient has that shape, the
  *   weight gradient (a reduction over the rows) runs at E;
  * - the attention core at its own share of peak, the causal mask halving
- *   its work (flash kernels skip the masked blocks);
+ *   its work (flash kernels skip the masked blocks), plus its softmax's
+ *   exponentials on the special-function units (hardware sfu_tops);
  * - memory-bound kernels at HBM bandwidth, each at least a floor (launch and
  *   tail of a small kernel);
+ * - the passes Megatron-Core's stack makes beyond the fused kernels the
+ *   lowering counts (megatron_extra_bytes: quick GeGLU's clamps, the
+ *   experts' eager fc2 biases, the fused cross entropy's fp32 passes);
  * - the EP all-to-all over the real topology: the part of the group inside
  *   a node over NVLink, the rest over the inter-node links, the two
  *   concurrently; DeepEP / HybridEP send a token once per destination node
@@ -141,11 +145,11 @@ static double bw_bytes_per_us(double gbps)
  * fused kernel moves, these are the passes the measured stack makes on top:
  * - GPT-OSS's clamped quick GeGLU: weighted_bias_quick_geglu_impl clamps the
  *   two halves of the fc1 output and concatenates them before its fused
- *   function (megatron/core/fusions/fused_bias_geglu.py lines 422-432 at
+ *   function (megatron/core/fusions/fused_bias_geglu.py lines 424-432 at
  *   core_v0.17.1): forward two clamps and a cat over the n x 2f input
- *   (read and write each, 8f bytes per row in bf16), backward the clamps'
- *   masks (read the gradient and the input, write, 6f; cat's backward is a
- *   view);
+ *   (each pass reads and writes it, 4e bytes per element), backward the
+ *   clamps' masks (read the gradient and the input, write: 3e; cat's
+ *   backward is a view);
  * - biases on the experts' fc2 (linear_bias): TEGroupedMLP adds them after
  *   the grouped GEMM with one eager multiply and add per local expert in
  *   fp32, since the router probabilities are fp32, then a cat and a cast
@@ -176,7 +180,7 @@ static double megatron_extra_bytes(const kiln_model *m, const kiln_ir_op *op, do
 		if (m->moe_activation_fn != KILN_ACTFN_QUICK_GEGLU)
 			return 0;
 		*out_kernels = op->backward ? 2 : 3;
-		return n * 2 * f * (op->backward ? 3 : 4);
+		return n * 2 * f * e * (op->backward ? 3 : 4);
 	case KILN_OP_EXPERT_DOWN:
 		if (!m->linear_bias)
 			return 0;

@@ -144,9 +144,9 @@ Test(costmodel_step, attention_exponentials_on_the_sfu)
  * (docs/cost-model.md, "What Megatron-Core runs"), on moe_model (h 64,
  * experts of 32, 256 rows on 2 local experts, bf16) at 3000 GB/s (3e6
  * bytes per us) with a 2 us kernel floor:
- * - quick GeGLU's clamps and cat: forward 256 * 2*32 * 4 = 65,536 bytes and
- *   3 kernels: +0.021845333 + 6 us; backward 256 * 64 * 3 = 49,152 bytes,
- *   2 kernels: +0.016384 + 4 us;
+ * - quick GeGLU's clamps and cat: forward 256 * 2*32 * 4*2 = 131,072 bytes
+ *   and 3 kernels: +0.043690667 + 6 us; backward 256 * 64 * 3*2 = 98,304
+ *   bytes, 2 kernels: +0.032768 + 4 us;
  * - fc2 biases: forward 256 * 64 * (24 + 2*2) = 458,752 bytes, 2*2 + 2
  *   kernels: +0.152917333 + 12 us; backward 256 * 64 * (32 + 4) = 589,824
  *   bytes, 5*2 + 1 kernels: +0.196608 + 22 us;
@@ -171,7 +171,7 @@ Test(costmodel_step, megatron_extra_passes)
 		}
 	tm.m.moe_activation_fn = KILN_ACTFN_QUICK_GEGLU;
 	tm.m.linear_bias = true;
-	static const double extra[2][2] = {{0.021845333 + 6, 0.016384 + 4},
+	static const double extra[2][2] = {{0.043690667 + 6, 0.032768 + 4},
 	                                   {0.152917333 + 12, 0.196608 + 22}};
 	for (int i = 0; i < 2; i++)
 		for (int b = 0; b < 2; b++) {
