@@ -112,6 +112,8 @@ static bool hw_from_fields(kiln_fe_ctx *c, kiln_fe_field *f, bool in_file,
 	    {KILN_FE_F_TIME_INTER_NODE_EFFICIENCY, 1e-3, 1},
 	    {KILN_FE_F_TIME_KERNEL_FLOOR_US, 0, 1e6},
 	    {KILN_FE_F_TIME_HOST_LAYER_US, 0, 1e6},
+	    /* optional datasheet figure, range as the required ones */
+	    {KILN_FE_F_SFU_TOPS, 1e-6, 1e7},
 	};
 	for (size_t i = 0; i < sizeof(fitted) / sizeof(fitted[0]); i++) {
 		kiln_fe_field *x = &f[fitted[i].id];

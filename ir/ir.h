@@ -214,7 +214,7 @@ typedef struct kiln_hardware {
 	double time_attention_efficiency;  /* flash attention's share of peak; 0: gemm_efficiency */
 	double time_comm_efficiency;       /* collectives' share of NVLink bandwidth; 0: 1 */
 	double time_inter_node_efficiency; /* of the inter-node links'; 0: time_comm_efficiency */
-	double time_kernel_floor_us;       /* least time of a memory-bound kernel */
+	double time_kernel_floor_us;       /* least time of a small kernel (per launch) */
 	double time_host_layer_us;         /* host time to issue one layer's forward and backward */
 } kiln_hardware;
 

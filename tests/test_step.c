@@ -332,6 +332,18 @@ Test(costmodel_step, hardware_figures_validated)
 	free(d0);
 	unlink(path);
 	free(path);
+	snprintf(text, sizeof text, "%ssfu_tops: 1e-300\n", base);
+	path = kt_temp_file(".yaml", text, strlen(text));
+	d0 = NULL;
+	f0 = open_memstream(&d0, &l0);
+	cr_assert_neq(kiln_frontend_load_hardware(path, a, f0, &hw), 0);
+	fclose(f0);
+	cr_expect_not_null(
+	    strstr(d0, ":14:11: error: sfu_tops (1e-300) is out of range [1e-06, 1e+07]"), "%s",
+	    d0);
+	free(d0);
+	unlink(path);
+	free(path);
 	snprintf(text, sizeof text,
 	         "%stime_comm_efficiency: 0.8\ntime_inter_node_efficiency: 1.5\n", base);
 	path = kt_temp_file(".yaml", text, strlen(text));
