@@ -329,6 +329,10 @@ typedef struct kiln_sim_config {
 	const kiln_rt *rt;                /* its blob, for the kiln policies */
 	const struct kiln_compilation *c_no_offload; /* kiln:no-offload's compilation */
 	const kiln_rt *rt_no_offload;                /* and its blob (NULL without) */
+	/* adapipe's compilation on its own partition (the model with
+	 * stage_layers set to kiln_adapipe_partition's split; the same pp and
+	 * micro-batches), or NULL: adapipe then runs on cfg->c's split. */
+	const struct kiln_compilation *c_adapipe;
 	const kiln_load_profile *loads;
 	int64_t iterations;
 	uint64_t seed;
