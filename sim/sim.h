@@ -238,7 +238,8 @@ double kiln_pipe_peak_bytes(const kiln_pipe_work *w, const kiln_pipe_result *r, 
 	X(MEGATRON_SELECTIVE, "megatron-selective",                                                \
 	  "Megatron-Core --recompute-modules and activation offloading, static, for load 1")       \
 	X(STATIC_AGGRESSIVE, "static-aggressive", "keep nearly everything, static")                \
-	X(ADAPIPE, "adapipe", "AdaPipe (ASPLOS'24): per-stage recompute by DP at a design load")   \
+	X(ADAPIPE, "adapipe",                                                                      \
+	  "AdaPipe (ASPLOS'24): stage partition and per-stage recompute by DP at load 1.2")        \
 	X(MINDSPEED, "mindspeed-threshold",                                                        \
 	  "MindSpeed-style: recompute expert activations when a layer's load exceeds 2x")          \
 	X(KILN, "kiln", "kiln's runtime on the compiled blob")                                     \
