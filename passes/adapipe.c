@@ -299,6 +299,8 @@ int kiln_adapipe_partition(kiln_adapipe *x, kiln_arena *a, kiln_adapipe_split *o
 		return -1;
 	for (int64_t s = p - 1, b = L; s >= 0; s--) {
 		int64_t f = s > 0 ? from[AT(s, b)] : 0;
+		if (f < 0 || f >= b)
+			return -1; /* the bound's own split always reaches the end */
 		layers[s] = b - f;
 		b = f;
 	}

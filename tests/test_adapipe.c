@@ -396,3 +396,36 @@ Test(adapipe, simulate_prints_the_partition)
 	cr_assert_not_null(strstr(t.out, "): 4 4;"), "%s", t.out);
 	kt_run_free(&t);
 }
+
+/* The model's split stays, with the reason, where AdaPipe's search does not
+ * apply: an interleaved schedule, and memory in which no split fits. */
+Test(adapipe, keeps_the_models_split_when_it_must)
+{
+	static const char *const il[] = {"schedule: 1f1b", "schedule: interleaved\n  vpp: 2"};
+	static const char *const small[] = {"memory_gib: 0.009765625", "memory_gib: 0.0040"};
+	static const struct {
+		const char *const *subs;
+		const char *why;
+		bool fits;
+	} cases[] = {{il, "interleaved schedule", true}, {small, "no partition fits", false}};
+	for (size_t k = 0; k < 2; k++) {
+		kiln_arena *a = kiln_arena_new();
+		kiln_compilation c;
+		kiln_model *m = tiny_variant(cases[k].subs, 2, a);
+		compile(m, a, &c);
+		kiln_adapipe *x;
+		kiln_adapipe_split sp;
+		cr_assert_eq(kiln_adapipe_new(&c, a, &x), 0);
+		cr_assert_eq(kiln_adapipe_partition(x, a, &sp), 0);
+		cr_assert_not_null(sp.kept);
+		cr_assert_not_null(strstr(sp.kept, cases[k].why), "%s", sp.kept);
+		cr_assert_eq(sp.fits, cases[k].fits);
+		/* Per stage, the layers of its chunks (chunk i on stage i % pp). */
+		int64_t want[2] = {0, 0};
+		for (size_t ch = 0; ch < m->n_stage_layers; ch++)
+			want[ch % 2] += m->stage_layers[ch];
+		cr_assert_eq(sp.layers[0], want[0]);
+		cr_assert_eq(sp.layers[1], want[1]);
+		kiln_arena_free(a);
+	}
+}

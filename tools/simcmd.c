@@ -597,17 +597,16 @@ int kilnc_simulate(int argc, char **argv)
 		}
 		char cb[32];
 		print_bytes(cb, sizeof cb, c.budgets[0].capacity_bytes);
-		if (need_adapipe) {
+		if (need_adapipe && split.kept) {
+			printf("\nadapipe partition: the model's split, kept (%s)\n", split.kept);
+		} else if (need_adapipe) {
 			printf("\nadapipe partition (layers per stage, chosen with each stage's "
 			       "recompute at load %.1f):",
 			       KILN_BASELINE_DESIGN_LOAD);
 			for (int32_t s = 0; s < split.n_stages; s++)
 				printf(" %lld", (long long)split.layers[s]);
-			if (split.kept)
-				printf(" (the model's split: %s)\n", split.kept);
-			else if (split.fits)
-				printf("; slowest stage %.0f us per micro-batch\n", split.max_us);
-			printf("model's split:");
+			printf("; slowest stage %.0f us per micro-batch\nmodel's split:",
+			       split.max_us);
 			for (size_t ch = 0; ch < m->n_stage_layers; ch++)
 				printf(" %lld", (long long)m->stage_layers[ch]);
 			printf("\n");
