@@ -358,7 +358,10 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 					              : env->top[at];
 					rb = &env->rb[at];
 				}
-				double n = r * li->n_bal, f = 0, b = 0;
+				/* The rows the experts process (megatron-capacity:
+				 * padded to capacity). */
+				double n = kiln_sim_policy_rows(pol, li->set, r * li->n_bal), f = 0,
+				       b = 0;
 				if (timed) {
 					f = interp(li->fwd, li->n_max, n);
 					b = interp(li->bwd, li->n_max, n);
@@ -379,7 +382,8 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 						 * of both). */
 						double bf = -1, bb = -1;
 						for (int32_t j = 0; j < rb->n_slots; j++) {
-							double nj = rb->top[j] * li->n_bal;
+							double nj = kiln_sim_policy_rows(
+							    pol, li->set, rb->top[j] * li->n_bal);
 							double fj = interp(li->fwd, li->n_max, nj);
 							double bj = interp(li->bwd, li->n_max, nj);
 							kiln_sim_choice cj;
@@ -503,6 +507,7 @@ typedef struct run {
 	/* Per policy, this iteration: the slowest group's time, whether a
 	 * device ran out of memory, the exposed recompute and copies. */
 	double worst[64], rec[64], copy[64];
+	double routed[64], dropped[64]; /* megatron-capacity: expert rows routed and dropped */
 	int oom[64];
 	double *iter_sum, *since_ckpt;
 	int32_t order[64]; /* the policies in the order the threads take them */
@@ -810,6 +815,17 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 		out->n_last_ops = (int32_t)n_ops;
 	}
 	kiln_arena_free(pa);
+	double cf = kiln_sim_policy_cf(r->pols[k]);
+	if (cf > 0 && cfg->c->model->moe)
+		for (int32_t i = 0; i < w->m; i++)
+			for (int32_t x = 0; x < w->n_moe; x++) {
+				double kept, drop;
+				kiln_sim_capacity_drop(
+				    &r->loads[((size_t)i * w->n_moe + x) * w->ep], w->ep,
+				    w->shape.experts_per_rank, cf, &kept, &drop);
+				r->routed[k] += (kept + drop) * w->moe_nbal[x];
+				r->dropped[k] += drop * w->moe_nbal[x];
+			}
 	r->oom[k] |= sc->oom;
 	out->over_budget += sc->over_budget;
 	out->acct_checks += sc->acct_checks;
@@ -1097,10 +1113,12 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 			fprintf(err, "kilnc: error: simulate: kiln:no-offload needs its compilation\n");
 			goto out;
 		}
-		if (kiln_sim_policy_new(policies[k], pc, no_off ? cfg->rt_no_offload : cfg->rt, a, err,
-		                        &r.pols[k]) != 0)
+		if (kiln_sim_policy_new(policies[k], pc, no_off ? cfg->rt_no_offload : cfg->rt,
+		                        cfg->capacity_factor, a, err, &r.pols[k]) != 0)
 			goto out;
-		out[k] = (kiln_sim_result){.policy = policies[k], .n_stages = w.p};
+		out[k] = (kiln_sim_result){.policy = policies[k],
+		                           .n_stages = w.p,
+		                           .flags = kiln_sim_policy_flags(r.pols[k])};
 		out[k].peak_bytes = kiln_arena_alloc(a, sizeof(double) * (size_t)w.p);
 		if (!out[k].peak_bytes)
 			goto out;
@@ -1149,6 +1167,7 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 		 * rate the rest does (docs/simulator.md). */
 		double busy = r.iter_sum[k] > 0 ? res->recompute_s / r.iter_sum[k] : 0;
 		res->hfu = res->mfu * (1 + busy);
+		res->dropped_fraction = r.routed[k] > 0 ? r.dropped[k] / r.routed[k] : 0;
 	}
 	rc = 0;
 out:

@@ -235,8 +235,10 @@ double kiln_pipe_peak_bytes(const kiln_pipe_work *w, const kiln_pipe_result *r, 
 	X(UNBOUNDED, "unbounded", "infinite memory, everything kept: the upper bound")             \
 	X(FULL_RECOMPUTE, "full-recompute",                                                        \
 	  "Megatron --recompute-granularity full --recompute-method uniform")                      \
-	X(MEGATRON_SELECTIVE, "megatron-selective",                                                \
-	  "Megatron-Core --recompute-modules and activation offloading, static, for load 1")       \
+	X(MEGATRON, "megatron",                                                                    \
+	  "Megatron-Core: the description's recipe, else the best static recipe at load 1.2")      \
+	X(MEGATRON_CAPACITY, "megatron-capacity",                                                  \
+	  "Megatron-Core token dropping at an expert capacity factor, padded to capacity")         \
 	X(STATIC_AGGRESSIVE, "static-aggressive", "keep nearly everything, static")                \
 	X(ADAPIPE, "adapipe", "AdaPipe (ASPLOS'24): per-stage recompute by DP at a design load")   \
 	X(MINDSPEED, "mindspeed-threshold",                                                        \
@@ -258,8 +260,16 @@ typedef enum {
 
 const char *kiln_sim_policy_name(kiln_sim_policy_kind k);
 const char *kiln_sim_policy_models(kiln_sim_policy_kind k);
-/* The policy named s, or -1. */
+/* The policy named s, or -1. "megatron-selective" is an alias of
+ * "megatron" (whose search covers every module set it tried), and
+ * "megatron-capacity:CF" names megatron-capacity at capacity factor CF
+ * (a number in (0, 64]), stored in *out_cf when out_cf is set; without
+ * ":CF", *out_cf is 0 (the default: the description's factor, else 1). */
 int kiln_sim_policy_parse(const char *s);
+int kiln_sim_policy_parse_cf(const char *s, double *out_cf);
+/* The capacity factor megatron-capacity runs at: cf when positive, else
+ * the description's moe_expert_capacity_factor, else 1. */
+double kiln_sim_capacity_factor(const kiln_model *m, double cf);
 
 /* What one layer's decision costs one device for one micro-batch. */
 typedef struct kiln_sim_choice {
@@ -279,8 +289,8 @@ typedef struct kiln_sim_policy kiln_sim_policy;
  * blob). Precomputes static plans' exposed times per load bucket.
  * Arena-owned; release caches with kiln_sim_policy_free. Returns 0, or -1
  * with a message on err. */
-int kiln_sim_policy_new(kiln_sim_policy_kind k, const struct kiln_compilation *c,
-                        const kiln_rt *rt, kiln_arena *a, FILE *err, kiln_sim_policy **out);
+int kiln_sim_policy_new(kiln_sim_policy_kind k, const struct kiln_compilation *c, const kiln_rt *rt,
+                        double capacity_factor, kiln_arena *a, FILE *err, kiln_sim_policy **out);
 void kiln_sim_policy_free(kiln_sim_policy *p);
 
 /* One decision: unit set `set` of the compilation (model layer `layer`) at
@@ -304,6 +314,25 @@ int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, do
  * -1 for an adaptive policy. */
 int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *res_base,
                                 double *res_per_n, double *tr_base, double *tr_per_n);
+
+/* The expert rows a rank of unit set `set` processes when n are routed to
+ * it: megatron-capacity pads every expert to its capacity, so cf times the
+ * balanced rows whatever the load (moe_utils.py:1019-1077,
+ * apply_capacity with pad_to_capacity); n for every other policy. */
+double kiln_sim_policy_rows(const kiln_sim_policy *p, int32_t set, double n);
+/* megatron's and megatron-capacity's recipe as Megatron command-line
+ * flags (policy-owned); NULL for every other policy. */
+const char *kiln_sim_policy_flags(const kiln_sim_policy *p);
+/* megatron-capacity's capacity factor; 0 for every other policy. */
+double kiln_sim_policy_cf(const kiln_sim_policy *p);
+
+/* Token dropping at capacity factor cf over one MoE layer's ep ranks at
+ * load factors factors[0 .. ep) (rows over balanced rows): the rows kept
+ * and dropped, in balanced rows of one rank, summed over the ranks (kept
+ * + dropped = the sum of the factors). An expert's capacity is cf times
+ * its balanced rows, Megatron's get_capacity (moe_utils.py:248-266). */
+void kiln_sim_capacity_drop(const double *factors, int32_t ep, int32_t experts_per_rank, double cf,
+                            double *out_kept, double *out_dropped);
 
 /* Buckets a bucket set (kiln_sim_policy_exposed_bound) can name: every
  * compilation has at most this many (passes/plan.c). */
@@ -344,6 +373,9 @@ typedef struct kiln_sim_config {
 	 * compared with the simulator's own count at every layer
 	 * (kiln_sim_result.acct_checks, acct_mismatches). */
 	kiln_rt *acct_rt;
+	/* megatron-capacity's capacity factor (0: the description's, else 1;
+	 * kiln_sim_capacity_factor). */
+	double capacity_factor;
 } kiln_sim_config;
 
 typedef struct kiln_sim_result {
@@ -358,6 +390,10 @@ typedef struct kiln_sim_result {
 	                            summed over micro-batches and iterations */
 	double copy_s;           /* exposed copies, likewise */
 	int64_t over_budget;     /* kiln decisions that found nothing fitting */
+	double dropped_fraction; /* routed expert rows dropped over routed (megatron-capacity;
+	                            0 for every other policy) */
+	const char *flags;       /* megatron, megatron-capacity: the recipe's Megatron flags
+	                            (arena-owned); NULL otherwise */
 	int64_t acct_checks, acct_mismatches; /* with cfg->acct_rt, for kiln */
 	double *peak_bytes;      /* per stage: the largest device memory seen */
 	int32_t n_stages;

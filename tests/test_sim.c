@@ -109,6 +109,11 @@ Test(sim, nothing_beats_unbounded_and_no_failure_free_policy_is_slower_than_full
 			                      *full = &r[KILN_SIM_FULL_RECOMPUTE];
 			cr_assert_eq(unb->ooms, 0);
 			for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++) {
+				/* megatron-capacity drops expert rows above capacity, so
+				 * it does less work than unbounded; without a drop every
+				 * load was within capacity and padding only adds rows. */
+				if (k == KILN_SIM_MEGATRON_CAPACITY && r[k].dropped_fraction > 0)
+					continue;
 				cr_assert_leq(unb->iteration_s, r[k].iteration_s * (1 + 1e-12),
 				              "%s %s: %s", MODELS[m], LOADS[l],
 				              kiln_sim_policy_name((kiln_sim_policy_kind)k));
