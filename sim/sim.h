@@ -258,8 +258,10 @@ double kiln_pipe_peak_bytes(const kiln_pipe_work *w, const kiln_pipe_result *r, 
 	  "Megatron-Core --recompute-modules and activation offloading, static, for load 1")       \
 	X(STATIC_AGGRESSIVE, "static-aggressive", "keep nearly everything, static")                \
 	X(ADAPIPE, "adapipe", "AdaPipe (ASPLOS'24): per-stage recompute by DP at a design load")   \
-	X(MINDSPEED, "mindspeed-threshold",                                                        \
-	  "MindSpeed-style: recompute expert activations when a layer's load exceeds 2x")          \
+	X(MINDSPEED, "mindspeed",                                                                  \
+	  "MindSpeed 2.1.0_core_r0.8.0 (1e898a29) --moe-adaptive-recompute-activation: the "       \
+	  "whole MoE layer checkpointed when the previous forward's largest expert exceeded 2x "   \
+	  "the balanced per-expert count; with --recompute-activation-function --recompute-norm")  \
 	X(KILN, "kiln", "kiln's runtime on the compiled blob")                                     \
 	X(KILN_NO_OFFLOAD, "kiln:no-offload", "kiln without offloading (recompute only)")          \
 	X(KILN_NO_ADAPTIVE, "kiln:no-adaptive", "kiln's plan for load 1.2 at every load (static)") \
@@ -302,6 +304,25 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const struct kiln_compilation *c
                         const kiln_rt *rt, kiln_arena *a, FILE *err, kiln_sim_policy **out);
 void kiln_sim_policy_free(kiln_sim_policy *p);
 
+/* mindspeed's trigger: the whole MoE layer is checkpointed when the
+ * previous forward's largest per-expert count exceeded this multiple of
+ * the balanced per-expert count (docs/simulator.md, "Policies"). */
+#define KILN_SIM_MINDSPEED_TRIGGER 2.0
+
+/* Whether policy p decides by a trigger on the previous forward's per-
+ * expert counts (mindspeed), and then the multiple of the balanced
+ * per-expert rows it fires above into *out_multiple. The simulator keeps
+ * the trigger's state (sim.c) and decides its MoE layers through
+ * kiln_sim_policy_decide_triggered. Returns 1 or 0. */
+int kiln_sim_policy_trigger(const kiln_sim_policy *p, double *out_multiple);
+
+/* A triggered policy's decision for unit set `set` at n local expert rows,
+ * with its trigger fired (triggered 1: the whole MoE layer recomputed) or
+ * not (its selective plan); dense sets always take the latter. Like
+ * kiln_sim_policy_decide, it ignores free memory. */
+void kiln_sim_policy_decide_triggered(const kiln_sim_policy *p, int32_t set, double n,
+                                      int triggered, kiln_sim_choice *out);
+
 /* One decision: unit set `set` of the compilation (model layer `layer`) at
  * n local expert rows, with free_bytes free on the device, pending
  * micro-batches still to start (1F1B warm-up), and held_bytes already held
@@ -317,7 +338,7 @@ int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, do
 
 /* For a static policy: the two lines of its plan's bytes for unit set
  * `set`, base + per_n * n for what it keeps (resident) and for its backward
- * transient, each the larger over its plans (mindspeed-threshold has two);
+ * transient, each the larger over its plans (mindspeed has two);
  * every decision of set at n rows keeps at most res_base + res_per_n * n
  * plus one byte of rounding, and likewise for the transient. Returns 0, or
  * -1 for an adaptive policy. */
@@ -332,8 +353,8 @@ int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *r
  * the runtime): *out is the largest exposed time (serial time for the
  * serial ablation) of its decision for unit set `set` over the load
  * buckets in the bitset `buckets` (bucket k is bit k % 64 of word k / 64,
- * KILN_SIM_MAX_BUCKETS bits), taking mindspeed-threshold's plan below 2x
- * when cold and its plan above 2x when hot. It does not depend on free
+ * KILN_SIM_MAX_BUCKETS bits), taking mindspeed's untriggered plan when cold
+ * and its triggered plan when hot. It does not depend on free
  * memory, so it is at least the exposed time of every decision at a load
  * in those buckets. The statistical method times a layer by it
  * (docs/simulator.md, "Scale"). Returns 0, or -1 for an adaptive policy (no
@@ -377,6 +398,8 @@ typedef struct kiln_sim_result {
 	                            summed over micro-batches and iterations */
 	double copy_s;           /* exposed copies, likewise */
 	int64_t over_budget;     /* kiln decisions that found nothing fitting */
+	int64_t triggered;       /* mindspeed: (group, micro-batch, MoE layer) forwards its
+	                            trigger checkpointed, over all iterations */
 	int64_t acct_checks, acct_mismatches; /* with cfg->acct_rt, for kiln */
 	double *peak_bytes;      /* per stage: the largest device memory seen */
 	int32_t n_stages;
