@@ -145,6 +145,26 @@ static void normalise(double *f, int32_t n)
 		f[r] = f[r] * (double)n / sum;
 }
 
+/* One value x under cap_mean_one's step: at most cap, lifted by share of
+ * its headroom when below. */
+static double capped(double x, double cap, double share)
+{
+	if (x >= cap)
+		return cap;
+	double v = x + (cap - x) * share;
+	return v < cap ? v : cap;
+}
+
+/* The share of headroom cap_mean_one hands out, from the excess over cap
+ * and the headroom below it; -1 when nothing exceeds the cap. */
+static double cap_share(double excess, double headroom)
+{
+	if (excess <= 0)
+		return -1;
+	double share = headroom > 0 ? excess / headroom : 0;
+	return share > 1 ? 1 : share;
+}
+
 /* Caps f (mean 1, cap >= 1) at cap and hands the excess to the ranks below
  * the cap in proportion to their headroom, which keeps the sum and never
  * lifts a rank over the cap: the headroom is n (cap - 1) + excess >= excess. */
@@ -157,19 +177,11 @@ static void cap_mean_one(double *f, int32_t n, double cap)
 		else
 			headroom += cap - f[r];
 	}
-	if (excess <= 0)
+	double share = cap_share(excess, headroom);
+	if (share < 0)
 		return;
-	double share = headroom > 0 ? excess / headroom : 0;
-	if (share > 1)
-		share = 1;
-	for (int32_t r = 0; r < n; r++) {
-		if (f[r] >= cap) {
-			f[r] = cap;
-		} else {
-			double v = f[r] + (cap - f[r]) * share;
-			f[r] = v < cap ? v : cap;
-		}
-	}
+	for (int32_t r = 0; r < n; r++)
+		f[r] = capped(f[r], cap, share);
 }
 
 /* Rank hot at factor hot (clamped to [0, n]); the others share the rest of
@@ -302,8 +314,12 @@ static double zipf_w(const kiln_load_profile *p, int64_t j)
 	return j <= p->zipf_n ? p->zipf_w[j] : pow((double)j, -p->alpha);
 }
 
-static void sample_zipf(const kiln_load_profile *p, const kiln_load_shape *s, uint64_t seed,
-                        int64_t it, int32_t mb, int32_t layer, int32_t group, double *f)
+/* zipf: per expert x (rank x / e, local expert x % e) its share of the
+ * rows times ep, before the rank cap; per_expert (n entries) receives
+ * them when not NULL. f[r] is the sum of rank r's, added in expert order. */
+static void zipf_shares(const kiln_load_profile *p, const kiln_load_shape *s, uint64_t seed,
+                        int64_t it, int32_t mb, int32_t layer, int32_t group, double *f,
+                        double *per_expert)
 {
 	int32_t ep = s->ep;
 	int64_t e = s->experts_per_rank > 0 ? s->experts_per_rank : 1;
@@ -326,7 +342,7 @@ static void sample_zipf(const kiln_load_profile *p, const kiln_load_shape *s, ui
 	}
 	double headroom = (double)(n - capped) * cap - (1.0 - capped_share);
 	double lift = excess > 0 && headroom > 0 ? excess / headroom : 0;
-	for (int32_t r = 0; r < ep; r++)
+	for (int32_t r = 0; f && r < ep; r++)
 		f[r] = 0;
 	uint64_t key = draw(seed, TAG_ZIPF, it, mb, layer, group, 0);
 	int half = half_bits_for((uint64_t)n);
@@ -335,9 +351,18 @@ static void sample_zipf(const kiln_load_profile *p, const kiln_load_shape *s, ui
 		double share = j <= capped ? cap : zipf_w(p, j) / total;
 		if (j > capped)
 			share += (cap - share) * lift;
-		f[x / e] += share * ep;
+		if (f)
+			f[x / e] += share * ep;
+		if (per_expert)
+			per_expert[x] = share * ep;
 	}
-	cap_mean_one(f, ep, p->max_factor);
+}
+
+static void sample_zipf(const kiln_load_profile *p, const kiln_load_shape *s, uint64_t seed,
+                        int64_t it, int32_t mb, int32_t layer, int32_t group, double *f)
+{
+	zipf_shares(p, s, seed, it, mb, layer, group, f, NULL);
+	cap_mean_one(f, s->ep, p->max_factor);
 }
 
 /* ---------------------------------------------------------------- traces */
@@ -355,6 +380,11 @@ struct kiln_load_trace {
 	int64_t n;
 	int64_t header_line;
 	kiln_load_trace_info info;
+	/* Token traces of more than one value column: the columns of every
+	 * row in file order (info.values each), and per sorted row its place
+	 * in that order; NULL otherwise. */
+	const double *cells;
+	const int32_t *cell_row;
 };
 
 static int key_cmp(int64_t it, int32_t mb, int32_t layer, int32_t rank, const trace_row *r)
@@ -370,8 +400,10 @@ static int key_cmp(int64_t it, int32_t mb, int32_t layer, int32_t rank, const tr
 	return 0;
 }
 
-static void sample_trace(const kiln_load_trace *t, const kiln_load_shape *s, int64_t it, int32_t mb,
-                         int32_t layer, double *f)
+/* The first row of the sample that (it, mb, layer) replays (t->n when it
+ * has none), and the trace iteration and layer it replays. */
+static int64_t trace_first(const kiln_load_trace *t, int64_t it, int32_t mb, int32_t layer,
+                           int64_t *out_it, int32_t *out_layer)
 {
 	int64_t want = t->info.first_iteration + (int64_t)umod(it, (uint64_t)t->info.iterations);
 	int32_t want_layer = (int32_t)umod(layer, (uint64_t)t->info.layers);
@@ -383,6 +415,17 @@ static void sample_trace(const kiln_load_trace *t, const kiln_load_shape *s, int
 		else
 			hi = mid;
 	}
+	*out_it = want;
+	*out_layer = want_layer;
+	return lo;
+}
+
+static void sample_trace(const kiln_load_trace *t, const kiln_load_shape *s, int64_t it, int32_t mb,
+                         int32_t layer, double *f)
+{
+	int64_t want;
+	int32_t want_layer;
+	int64_t lo = trace_first(t, it, mb, layer, &want, &want_layer);
 	double balanced = (double)s->tokens * s->top_k / s->ep;
 	for (int64_t i = lo; i < t->n; i++) {
 		const trace_row *r = &t->rows[i];
@@ -394,6 +437,32 @@ static void sample_trace(const kiln_load_trace *t, const kiln_load_shape *s, int
 			f[r->rank] = r->value;
 		else
 			f[r->rank] = balanced > 0 ? r->value / balanced : 1.0;
+	}
+}
+
+/* A token trace's recorded columns into rows (ep * e of them, already
+ * filled for the ranks without a row): column j of a rank's row is its
+ * local expert j, experts beyond the columns 0. */
+static void sample_trace_cells(const kiln_load_trace *t, const kiln_load_shape *s, int64_t it,
+                               int32_t mb, int32_t layer, int32_t e, double *rows)
+{
+	int64_t want;
+	int32_t want_layer;
+	int32_t v = t->info.values;
+	for (int64_t i = trace_first(t, it, mb, layer, &want, &want_layer); i < t->n; i++) {
+		const trace_row *r = &t->rows[i];
+		if (r->iteration != want || r->microbatch != mb || r->layer != want_layer ||
+		    r->rank >= s->ep)
+			break;
+		const double *c = &t->cells[(size_t)t->cell_row[i] * (size_t)v];
+		double *x = &rows[(size_t)r->rank * (size_t)e];
+		for (int32_t j = 0; j < e; j++)
+			x[j] = j < v ? c[j] : 0;
+		/* More columns than experts (kiln_load_trace_check refuses
+		 * such a trace): the last expert takes the rest, so the rank's
+		 * rows still add up to its row's total. */
+		for (int32_t j = e; j < v; j++)
+			x[e - 1] += c[j];
 	}
 }
 
@@ -650,6 +719,104 @@ void kiln_load_sample(const kiln_load_profile *p, const kiln_load_shape *shape, 
 	case KILN_LOAD_TRACE:
 		break;
 	}
+}
+
+/* ---------------------------------------------------------------- per expert */
+
+/* Rank r's factor at rows[r] for every rank, spread evenly over its e
+ * local experts as rows: rows[r * e + j] = rows[r] * balanced / e. In
+ * place, from the last rank down, so no factor is overwritten before it
+ * is read (rank r writes at r * e and beyond, the factors still unread
+ * lie below r). */
+static void spread_even(double *rows, int32_t ep, int32_t e, double balanced)
+{
+	for (int32_t r = ep - 1; r >= 0; r--) {
+		double each = rows[r] * balanced / e;
+		for (int32_t j = e - 1; j >= 0; j--)
+			rows[(size_t)r * (size_t)e + (size_t)j] = each;
+	}
+}
+
+/* The sum of rank r's entries of rows, in expert order (as sample_zipf
+ * adds its factor). */
+static double rank_sum(const double *rows, int32_t r, int32_t e)
+{
+	double sum = 0;
+	for (int32_t j = 0; j < e; j++)
+		sum += rows[(size_t)r * (size_t)e + (size_t)j];
+	return sum;
+}
+
+/* zipf per expert: every expert's share as sample_zipf draws it, then its
+ * rank's cap (cap_mean_one on the rank sums, which equal sample_zipf's
+ * factors bit for bit) applied to its experts in proportion. */
+static void zipf_experts(const kiln_load_profile *p, const kiln_load_shape *s, uint64_t seed,
+                         int64_t it, int32_t mb, int32_t layer, int32_t group, int32_t e,
+                         double balanced, double *rows)
+{
+	int32_t ep = s->ep;
+	zipf_shares(p, s, seed, it, mb, layer, group, NULL, rows);
+	double cap = p->max_factor, excess = 0, headroom = 0;
+	for (int32_t r = 0; r < ep; r++) {
+		double u = rank_sum(rows, r, e);
+		if (u > cap)
+			excess += u - cap;
+		else
+			headroom += cap - u;
+	}
+	double share = cap_share(excess, headroom);
+	for (int32_t r = 0; r < ep; r++) {
+		double u = rank_sum(rows, r, e);
+		double f = share < 0 ? u : capped(u, cap, share);
+		double *x = &rows[(size_t)r * (size_t)e];
+		for (int32_t j = 0; j < e; j++)
+			x[j] = u > 0 ? x[j] * (f / u) * balanced : f * balanced / e;
+	}
+}
+
+/* hot-expert per expert: the hot expert takes what lifts its rank to the
+ * profile's factor, every other expert of the layer the same rows, so
+ * the other ranks hold sample_hot_expert's rest = (ep - hot) / (ep - 1)
+ * each, spread evenly (docs/simulator.md, "Per-expert rows"). */
+static void hot_expert_experts(const kiln_load_profile *p, const kiln_load_shape *s, uint64_t seed,
+                               int32_t layer, int32_t e, double balanced, double *rows)
+{
+	int32_t ep = s->ep;
+	uint64_t n = (uint64_t)ep * (uint64_t)e;
+	uint64_t expert = draw(seed, TAG_HOT_EXPERT, 0, 0, layer, 0, 0) % n;
+	double hot = min3(HOT_EXPERT_FACTOR, p->max_factor, hot_expert_bound(s));
+	/* As set_hot clamps it. */
+	hot = hot > ep ? ep : hot < 0 ? 0 : hot;
+	double rest = ((double)ep - hot) / (double)(ep - 1);
+	double other = rest * balanced / e;
+	for (uint64_t x = 0; x < n; x++)
+		rows[x] = other;
+	rows[expert] = (hot - (double)(e - 1) * rest / e) * balanced;
+}
+
+void kiln_load_sample_experts(const kiln_load_profile *p, const kiln_load_shape *shape,
+                              uint64_t seed, int64_t iteration, int32_t microbatch, int32_t layer,
+                              int32_t group, double *out)
+{
+	int32_t ep = shape->ep;
+	if (ep < 1)
+		return;
+	int32_t e = shape->experts_per_rank > 0 ? shape->experts_per_rank : 1;
+	double balanced = (double)shape->tokens * shape->top_k / ep;
+	if (p->kind == KILN_LOAD_ZIPF) {
+		zipf_experts(p, shape, seed, iteration, microbatch, layer, group, e, balanced, out);
+		return;
+	}
+	if (p->kind == KILN_LOAD_HOT_EXPERT && ep > 1) {
+		hot_expert_experts(p, shape, seed, layer, e, balanced, out);
+		return;
+	}
+	/* Rank-level profiles, factor traces, one-column token traces and
+	 * the ranks a token trace has no row for: the rank's rows evenly. */
+	kiln_load_sample(p, shape, seed, iteration, microbatch, layer, group, out);
+	spread_even(out, ep, e, balanced);
+	if (p->kind == KILN_LOAD_TRACE && p->trace->cells)
+		sample_trace_cells(p->trace, shape, iteration, microbatch, layer, e, out);
 }
 
 /* ---------------------------------------------------------------- parsing */
@@ -1011,8 +1178,10 @@ static char *read_trace(tparse *t, size_t *out_len)
 /* Iterations up to 10^18 - 1 (18 digits); the other keys fit an int32_t. */
 static const int64_t key_max[4] = {999999999999999999, INT32_MAX - 1, INT32_MAX - 1, INT32_MAX - 1};
 
+/* The data rows after first_line into rows (and, when cells is not NULL,
+ * their value columns into cells, ncols - 4 per row, in file order). */
 static int parse_rows(tparse *t, const char *text, size_t len, int64_t first_line, trace_row *rows,
-                      int64_t *out_n)
+                      double *cells, int64_t *out_n)
 {
 	const char *p = text, *end = text + len;
 	int64_t n = 0;
@@ -1041,6 +1210,8 @@ static int parse_rows(tparse *t, const char *text, size_t len, int64_t first_lin
 			double v = 0;
 			bad |= parse_value(t, line, i, next_field(&c, l.e), &v) != 0;
 			sum += v;
+			if (cells)
+				cells[(size_t)n * (size_t)(nf - 4) + (size_t)(i - 4)] = v;
 		}
 		if (!bad && !isfinite(sum)) {
 			terr(t, line, "the value columns sum past the largest number\n");
@@ -1111,10 +1282,56 @@ static int parse_trace(const char *path, kiln_arena *a, FILE *err, const kiln_lo
 		fprintf(err, "kilnc: error: out of memory\n");
 		goto done;
 	}
+	/* Token traces of several columns keep every column (the per-expert
+	 * rows, kiln_load_sample_experts). Every field of a row is at least
+	 * one character and a separator, so a file whose rows all parse holds
+	 * at least 2 * values bytes per row: a header promising more columns
+	 * than the text can hold fails below without them. */
+	int64_t values = t.ncols - 4;
+	double *cells = NULL;
+	if (tokens && values > 1 && nrows <= (int64_t)(len / 2) / values) {
+		cells = kiln_arena_alloc(a, (size_t)nrows * (size_t)values * sizeof(double));
+		if (!cells) {
+			fprintf(err, "kilnc: error: out of memory\n");
+			goto done;
+		}
+	}
 	int64_t n = 0;
-	if (parse_rows(&t, body, len, header_line, rows, &n) != 0)
+	if (parse_rows(&t, body, len, header_line, rows, cells, &n) != 0)
 		goto done;
+	if (tokens && values > 1 && !cells) {
+		terr(&t, header_line, "the trace is too short for its %lld value columns\n",
+		     (long long)values);
+		goto done;
+	}
+	/* The rows' lines in file order (increasing), to find each sorted
+	 * row's columns. */
+	int32_t *lines = NULL;
+	if (cells && !(lines = malloc((size_t)n * sizeof(int32_t) + 1))) {
+		fprintf(err, "kilnc: error: out of memory\n");
+		goto done;
+	}
+	for (int64_t i = 0; cells && i < n; i++)
+		lines[i] = rows[i].line;
 	qsort(rows, (size_t)n, sizeof(trace_row), row_cmp);
+	int32_t *cell_row = NULL;
+	if (cells && !(cell_row = kiln_arena_alloc(a, (size_t)n * sizeof(int32_t) + 1))) {
+		free(lines);
+		fprintf(err, "kilnc: error: out of memory\n");
+		goto done;
+	}
+	for (int64_t i = 0; cells && i < n; i++) {
+		int64_t lo = 0, hi = n - 1;
+		while (lo < hi) {
+			int64_t mid = lo + (hi - lo) / 2;
+			if (lines[mid] < rows[i].line)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		cell_row[i] = (int32_t)lo;
+	}
+	free(lines);
 	for (int64_t i = 1, first = 0; i < n; i++) {
 		const trace_row *r = &rows[i];
 		if (key_cmp(r->iteration, r->microbatch, r->layer, r->rank, &rows[first]) != 0) {
@@ -1137,6 +1354,8 @@ static int parse_trace(const char *path, kiln_arena *a, FILE *err, const kiln_lo
 	tr->rows = rows;
 	tr->n = n;
 	tr->header_line = header_line;
+	tr->cells = cells;
+	tr->cell_row = cell_row;
 	kiln_load_trace_info *info = &tr->info;
 	info->first_iteration = rows[0].iteration;
 	info->iterations = rows[n - 1].iteration - rows[0].iteration + 1;

@@ -61,6 +61,10 @@ int kiln_sim_policy_parse_cf(const char *s, double *out_cf)
 			*out_cf = cf;
 		return KILN_SIM_MEGATRON_CAPACITY;
 	}
+	/* The former name of mindspeed (a per-rank factor trigger on expert
+	 * units), kept so that scripts naming it still run. */
+	if (strcmp(s, "mindspeed-threshold") == 0)
+		return KILN_SIM_MINDSPEED;
 	return -1;
 }
 
@@ -76,21 +80,14 @@ double kiln_sim_capacity_factor(const kiln_model *m, double cf)
 	return m->megatron.capacity_factor > 0 ? m->megatron.capacity_factor : 1.0;
 }
 
-void kiln_sim_capacity_drop(const double *factors, int32_t ep, int32_t experts_per_rank, double cf,
+void kiln_sim_capacity_drop(const double *rows, int32_t n_experts, double capacity_rows,
                             double *out_kept, double *out_dropped)
 {
-	/* TODO(branch sim-experts): per-expert counts from
-	 * kiln_load_sample_experts once it lands; until then each rank's rows
-	 * are spread evenly over its experts_per_rank local experts, so an
-	 * expert of a rank at factor v holds v * B / e rows against a capacity
-	 * of cf * B / e (B the rank's balanced rows, e its experts), and the
-	 * rank keeps e * min(v, cf) * B / e. */
-	(void)experts_per_rank;
 	double kept = 0, dropped = 0;
-	for (int32_t x = 0; x < ep; x++) {
-		double v = factors[x] > 0 ? factors[x] : 0;
-		kept += v < cf ? v : cf;
-		dropped += v > cf ? v - cf : 0;
+	for (int32_t x = 0; x < n_experts; x++) {
+		double v = rows[x] > 0 ? rows[x] : 0;
+		kept += v < capacity_rows ? v : capacity_rows;
+		dropped += v > capacity_rows ? v - capacity_rows : 0;
 	}
 	*out_kept = kept;
 	*out_dropped = dropped;
@@ -119,7 +116,8 @@ struct kiln_sim_policy {
 	/* Static policies: per set its actions, and per (set, bucket) the cost. */
 	const uint8_t **actions;
 	cost *costs;
-	/* mindspeed-threshold: the plan above the threshold. */
+	/* mindspeed: the plan when its trigger fires (the whole MoE layer
+	 * checkpointed); actions is the plan otherwise. */
 	const uint8_t **hot_actions;
 	cost *hot_costs;
 	/* megatron with block recompute: the block layers' plan, and per
@@ -337,6 +335,71 @@ static int prepare_megatron(kiln_sim_policy *p, kiln_arena *a)
 	return 0;
 }
 
+/* MindSpeed, as modelled (docs/simulator.md, "Policies"; MindSpeed
+ * branch 2.1.0_core_r0.8.0, commit 1e898a29c750, 2025-11-03). Beside the
+ * adaptive MoE recompute its users run MindSpeed's selective recompute of
+ * the activation functions and norms (its feature test
+ * tests_extend/system_tests/feature_tests/megatron_moe.sh:44-51 sets
+ * --recompute-activation-function and --recompute-norm with it): the
+ * outputs of every MLP's and expert's activation (mindspeed/model/
+ * transformer.py:944-1010, mindspeed/core/transformer/moe/experts.py:
+ * 105-108) and of the norms (mindspeed/core/models/gpt/gpt_layer_specs.py:
+ * 56-65), in every layer. */
+static int mindspeed_selective(kiln_op_kind k)
+{
+	return k == KILN_OP_NORM || k == KILN_OP_FFN_ACT || k == KILN_OP_EXPERT_ACT ||
+	       k == KILN_OP_SHARED_ACT;
+}
+
+/* The ops of Megatron's MoELayer, which MindSpeed's trigger checkpoints
+ * whole (tensor_parallel.checkpoint(custom_forward, ...), mindspeed/core/
+ * transformer/moe/moe_layer.py:120-147): router, dispatch, experts,
+ * combine and the shared experts; only its input is kept. */
+static int mindspeed_moe_layer(kiln_op_kind k)
+{
+	switch (k) {
+	case KILN_OP_ROUTER:
+	case KILN_OP_ROUTER_SOFTMAX:
+	case KILN_OP_PERMUTE:
+	case KILN_OP_DISPATCH:
+	case KILN_OP_EXPERT_UP:
+	case KILN_OP_EXPERT_ACT:
+	case KILN_OP_EXPERT_DOWN:
+	case KILN_OP_COMBINE:
+	case KILN_OP_UNPERMUTE:
+	case KILN_OP_SHARED_UP:
+	case KILN_OP_SHARED_ACT:
+	case KILN_OP_SHARED_DOWN:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* mindspeed's two plans for one unit set into cold (untriggered) and hot
+ * (triggered, MoE layers only): the selective recompute, and that plus
+ * every unit of the MoE layer recomputed. A plan that source tracking
+ * rejects falls back, the cold one to keeping everything, the hot one to
+ * full recompute (never reached on the shipped models). */
+static void mindspeed_plans(const kiln_compilation *c, int32_t k, uint8_t *cold, uint8_t *hot)
+{
+	const kiln_unit_set *set = &c->sets[k];
+	for (int32_t u = 0; u < set->n_units; u++) {
+		const kiln_unit *un = &set->units[u];
+		kiln_op_kind op = c->graph->ops[un->producer].kind;
+		int input = (un->flags & KILN_UNIT_LAYER_INPUT) != 0;
+		cold[u] = !input && mindspeed_selective(op) ? KILN_ACT_RECOMPUTE : KILN_ACT_KEEP;
+		hot[u] = !input && set->kind == KILN_LAYER_MOE && mindspeed_moe_layer(op)
+		             ? KILN_ACT_RECOMPUTE
+		             : cold[u];
+	}
+	if (kiln_plan_valid(set, cold) != 0)
+		memset(cold, KILN_ACT_KEEP, (size_t)set->n_units);
+	if (kiln_plan_valid(set, hot) != 0)
+		memcpy(hot, c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[k]],
+		       (size_t)set->n_units);
+}
+
 static int prepare_static(kiln_sim_policy *p, kiln_arena *a)
 {
 	const kiln_compilation *c = p->c;
@@ -349,7 +412,7 @@ static int prepare_static(kiln_sim_policy *p, kiln_arena *a)
 	for (int32_t k = 0; k < ns; k++) {
 		switch (p->kind) {
 		case KILN_SIM_UNBOUNDED:
-		case KILN_SIM_MINDSPEED:
+		case KILN_SIM_MINDSPEED: /* its plans below */
 			p->actions[k] = keep;
 			break;
 		case KILN_SIM_FULL_RECOMPUTE:
@@ -383,22 +446,17 @@ static int prepare_static(kiln_sim_policy *p, kiln_arena *a)
 		return prepare_megatron(p, a);
 	if (p->kind != KILN_SIM_MINDSPEED)
 		return 0;
-	/* Above 2x: the expert units recomputed (as the full-recompute
-	 * baseline rebuilds them), everything else kept. */
 	p->hot_actions = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)ns);
 	p->hot_costs = kiln_arena_alloc(a, sizeof(cost) * (size_t)ns * (size_t)nb);
 	if (!p->hot_actions || !p->hot_costs)
 		return -1;
 	for (int32_t k = 0; k < ns; k++) {
-		const kiln_unit_set *set = &c->sets[k];
-		const uint8_t *full = c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[k]];
-		uint8_t *hot = kiln_arena_alloc(a, (size_t)set->n_units + 1);
-		if (!hot)
+		size_t nu = (size_t)c->sets[k].n_units;
+		uint8_t *cold = kiln_arena_alloc(a, nu + 1), *hot = kiln_arena_alloc(a, nu + 1);
+		if (!cold || !hot)
 			return -1;
-		for (int32_t u = 0; u < set->n_units; u++)
-			hot[u] = (set->units[u].flags & KILN_UNIT_EXPERT) ? full[u] : KILN_ACT_KEEP;
-		if (kiln_plan_valid(set, hot) != 0)
-			memcpy(hot, full, (size_t)set->n_units);
+		mindspeed_plans(c, k, cold, hot);
+		p->actions[k] = cold;
 		p->hot_actions[k] = hot;
 		for (int32_t b = 0; b < nb; b++)
 			p->hot_costs[(size_t)k * nb + b] = (cost){NAN, NAN, NAN};
@@ -514,17 +572,18 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	const kiln_compilation *c = p->c;
 	const kiln_unit_set *S = &c->sets[set];
 	if (!p->rt) {
-		double r;
-		n = kiln_sim_policy_rows(p, set, n);
-		int32_t b = kiln_sim_policy_bucket(c, set, n, &r);
-		if (p->in_block && layer >= 0 && layer < p->n_model_layers && p->in_block[layer])
+		if (p->in_block && layer >= 0 && layer < p->n_model_layers && p->in_block[layer]) {
+			/* megatron's block layers: full recompute. */
+			double r;
+			n = kiln_sim_policy_rows(p, set, n);
+			int32_t b = kiln_sim_policy_bucket(c, set, n, &r);
 			fill(p, p->head_forms[set], n,
 			     static_cost(p, p->head_costs, p->head_actions[set], set, b), out);
-		else if (p->kind == KILN_SIM_MINDSPEED && r > 2.0)
-			fill(p, p->hot_forms[set], n,
-			     static_cost(p, p->hot_costs, p->hot_actions[set], set, b), out);
-		else
-			fill(p, p->forms[set], n, static_cost(p, p->costs, p->actions[set], set, b), out);
+			return;
+		}
+		/* mindspeed without its trigger state: the untriggered plan
+		 * (kiln_sim_policy_decide_triggered decides with it). */
+		kiln_sim_policy_decide_triggered(p, set, n, 0, out);
 		return;
 	}
 	kiln_query q = {.stage = S->stage,
@@ -582,12 +641,33 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	out->over_budget = (plan.flags & KILN_PLAN_OVER_BUDGET) != 0;
 }
 
+void kiln_sim_policy_decide_triggered(const kiln_sim_policy *p, int32_t set, double n,
+                                      int triggered, kiln_sim_choice *out)
+{
+	double r;
+	n = kiln_sim_policy_rows(p, set, n);
+	int32_t b = kiln_sim_policy_bucket(p->c, set, n, &r);
+	if (triggered && p->hot_actions && p->c->sets[set].kind == KILN_LAYER_MOE)
+		fill(p, p->hot_forms[set], n,
+		     static_cost(p, p->hot_costs, p->hot_actions[set], set, b), out);
+	else
+		fill(p, p->forms[set], n, static_cost(p, p->costs, p->actions[set], set, b), out);
+}
+
+int kiln_sim_policy_trigger(const kiln_sim_policy *p, double *out_multiple)
+{
+	if (p->kind != KILN_SIM_MINDSPEED)
+		return 0;
+	*out_multiple = KILN_SIM_MINDSPEED_TRIGGER;
+	return 1;
+}
+
 int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const uint64_t *buckets,
                                   int cold, int hot, double *out)
 {
 	if (p->rt || !p->costs)
 		return -1;
-	/* mindspeed-threshold's plan below 2x is its only plan elsewhere. */
+	/* Without a second plan, the one plan is the cold one. */
 	cold |= !p->hot_actions;
 	hot &= p->hot_actions != NULL;
 	int32_t nb =

@@ -80,6 +80,25 @@ void kiln_load_sample(const kiln_load_profile *p, const kiln_load_shape *shape, 
                       int64_t iteration, int32_t microbatch, int32_t layer, int32_t group,
                       double *out);
 
+/* Rows (tokens times routing choices) of every expert for the same sample
+ * as kiln_load_sample: out[r * e + j] for local expert j of EP rank r
+ * (e = experts_per_rank, 0 counting as 1; ep * e entries). Consistent
+ * with kiln_load_sample: rank r's rows add up to its factor times the
+ * balanced rows tokens * top_k / ep (up to float rounding, 1e-12 relative,
+ * tested). Profiles with per-expert structure give it as drawn (zipf: each
+ * expert's Zipf share, its rank's cap applied to its experts in
+ * proportion; hot-expert: the hot expert lifts its rank, every other
+ * expert of the layer alike); token traces of one column per local expert
+ * give the columns as recorded (experts beyond the columns 0); the rank-
+ * level profiles (paper, balanced, hot-rank, rotating, burst), factor
+ * traces, one-column token traces and ranks without a row spread a rank's
+ * rows evenly over its experts (docs/simulator.md, "Per-expert rows").
+ * Deterministic in the seed and indices, never allocates, safe from many
+ * threads. O(ep * e) (traces: O(log rows + ep * e)). */
+void kiln_load_sample_experts(const kiln_load_profile *p, const kiln_load_shape *shape,
+                              uint64_t seed, int64_t iteration, int32_t microbatch, int32_t layer,
+                              int32_t group, double *out);
+
 /* What a CSV trace may hold, for the reader (kiln_load_parse) and the
  * writer (kiln_load_write_csv) alike: a regular file of at most this many
  * bytes and data rows. */
@@ -241,8 +260,10 @@ double kiln_pipe_peak_bytes(const kiln_pipe_work *w, const kiln_pipe_result *r, 
 	  "Megatron-Core token dropping at an expert capacity factor, padded to capacity")         \
 	X(STATIC_AGGRESSIVE, "static-aggressive", "keep nearly everything, static")                \
 	X(ADAPIPE, "adapipe", "AdaPipe (ASPLOS'24): per-stage recompute by DP at a design load")   \
-	X(MINDSPEED, "mindspeed-threshold",                                                        \
-	  "MindSpeed-style: recompute expert activations when a layer's load exceeds 2x")          \
+	X(MINDSPEED, "mindspeed",                                                                  \
+	  "MindSpeed 2.1.0_core_r0.8.0 (1e898a29) --moe-adaptive-recompute-activation: the "       \
+	  "whole MoE layer checkpointed when the previous forward's largest expert exceeded 2x "   \
+	  "the balanced per-expert count; with --recompute-activation-function --recompute-norm")  \
 	X(KILN, "kiln", "kiln's runtime on the compiled blob")                                     \
 	X(KILN_NO_OFFLOAD, "kiln:no-offload", "kiln without offloading (recompute only)")          \
 	X(KILN_NO_ADAPTIVE, "kiln:no-adaptive", "kiln's plan for load 1.2 at every load (static)") \
@@ -293,6 +314,25 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const struct kiln_compilation *c
                         double capacity_factor, kiln_arena *a, FILE *err, kiln_sim_policy **out);
 void kiln_sim_policy_free(kiln_sim_policy *p);
 
+/* mindspeed's trigger: the whole MoE layer is checkpointed when the
+ * previous forward's largest per-expert count exceeded this multiple of
+ * the balanced per-expert count (docs/simulator.md, "Policies"). */
+#define KILN_SIM_MINDSPEED_TRIGGER 2.0
+
+/* Whether policy p decides by a trigger on the previous forward's per-
+ * expert counts (mindspeed), and then the multiple of the balanced
+ * per-expert rows it fires above into *out_multiple. The simulator keeps
+ * the trigger's state (sim.c) and decides its MoE layers through
+ * kiln_sim_policy_decide_triggered. Returns 1 or 0. */
+int kiln_sim_policy_trigger(const kiln_sim_policy *p, double *out_multiple);
+
+/* A triggered policy's decision for unit set `set` at n local expert rows,
+ * with its trigger fired (triggered 1: the whole MoE layer recomputed) or
+ * not (its selective plan); dense sets always take the latter. Like
+ * kiln_sim_policy_decide, it ignores free memory. */
+void kiln_sim_policy_decide_triggered(const kiln_sim_policy *p, int32_t set, double n,
+                                      int triggered, kiln_sim_choice *out);
+
 /* One decision: unit set `set` of the compilation (model layer `layer`) at
  * n local expert rows, with free_bytes free on the device, pending
  * micro-batches still to start (1F1B warm-up), and held_bytes already held
@@ -308,7 +348,7 @@ int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, do
 
 /* For a static policy: the two lines of its plan's bytes for unit set
  * `set`, base + per_n * n for what it keeps (resident) and for its backward
- * transient, each the larger over its plans (mindspeed-threshold has two);
+ * transient, each the larger over its plans (mindspeed has two);
  * every decision of set at n rows keeps at most res_base + res_per_n * n
  * plus one byte of rounding, and likewise for the transient. Returns 0, or
  * -1 for an adaptive policy. */
@@ -326,12 +366,12 @@ const char *kiln_sim_policy_flags(const kiln_sim_policy *p);
 /* megatron-capacity's capacity factor; 0 for every other policy. */
 double kiln_sim_policy_cf(const kiln_sim_policy *p);
 
-/* Token dropping at capacity factor cf over one MoE layer's ep ranks at
- * load factors factors[0 .. ep) (rows over balanced rows): the rows kept
- * and dropped, in balanced rows of one rank, summed over the ranks (kept
- * + dropped = the sum of the factors). An expert's capacity is cf times
- * its balanced rows, Megatron's get_capacity (moe_utils.py:248-266). */
-void kiln_sim_capacity_drop(const double *factors, int32_t ep, int32_t experts_per_rank, double cf,
+/* Token dropping over n_experts experts holding rows[0 .. n_experts)
+ * routed rows each, against a capacity of capacity_rows per expert (cf
+ * times the balanced rows tokens * top_k / experts, Megatron's
+ * get_capacity, moe_utils.py:248-266): the rows kept and dropped, summed
+ * (kept + dropped = the routed rows). */
+void kiln_sim_capacity_drop(const double *rows, int32_t n_experts, double capacity_rows,
                             double *out_kept, double *out_dropped);
 
 /* Buckets a bucket set (kiln_sim_policy_exposed_bound) can name: every
@@ -342,8 +382,8 @@ void kiln_sim_capacity_drop(const double *factors, int32_t ep, int32_t experts_p
  * the runtime): *out is the largest exposed time (serial time for the
  * serial ablation) of its decision for unit set `set` over the load
  * buckets in the bitset `buckets` (bucket k is bit k % 64 of word k / 64,
- * KILN_SIM_MAX_BUCKETS bits), taking mindspeed-threshold's plan below 2x
- * when cold and its plan above 2x when hot. It does not depend on free
+ * KILN_SIM_MAX_BUCKETS bits), taking mindspeed's untriggered plan when cold
+ * and its triggered plan when hot. It does not depend on free
  * memory, so it is at least the exposed time of every decision at a load
  * in those buckets. The statistical method times a layer by it
  * (docs/simulator.md, "Scale"). Returns 0, or -1 for an adaptive policy (no
@@ -394,6 +434,8 @@ typedef struct kiln_sim_result {
 	                            0 for every other policy) */
 	const char *flags;       /* megatron, megatron-capacity: the recipe's Megatron flags
 	                            (arena-owned); NULL otherwise */
+	int64_t triggered;       /* mindspeed: (group, micro-batch, MoE layer) forwards its
+	                            trigger checkpointed, over all iterations */
 	int64_t acct_checks, acct_mismatches; /* with cfg->acct_rt, for kiln */
 	double *peak_bytes;      /* per stage: the largest device memory seen */
 	int32_t n_stages;

@@ -274,23 +274,58 @@ Test(baselines, description_recipe_is_run_as_given)
 
 Test(baselines, capacity_dropping_conserves_rows)
 {
-	/* Hand example: four ranks at 2.0, 0.5, 1.0 and 0.5 times their
-	 * balanced rows, capacity factor 1: the first keeps 1 and drops 1,
-	 * the others keep all; kept 3, dropped 1, routed 4. */
-	const double v[4] = {2.0, 0.5, 1.0, 0.5};
+	/* Hand example: four experts with 200, 50, 100 and 50 routed rows
+	 * against a capacity of 100 each: the first keeps 100 and drops 100,
+	 * the others keep all; kept 300, dropped 100, routed 400. */
+	const double v[4] = {200, 50, 100, 50};
 	double kept, dropped;
-	kiln_sim_capacity_drop(v, 4, 2, 1.0, &kept, &dropped);
-	cr_expect_float_eq(kept, 3.0, 1e-12);
-	cr_expect_float_eq(dropped, 1.0, 1e-12);
-	/* kept + dropped = routed at any factor. */
-	const double cfs[] = {0.25, 0.9, 1.0, 1.25, 3.0};
-	const double w[6] = {2.6, 0.0, 1.1, 0.7, 1.3, 0.3};
-	for (size_t j = 0; j < 5; j++) {
-		kiln_sim_capacity_drop(w, 6, 4, cfs[j], &kept, &dropped);
-		cr_expect_float_eq(kept + dropped, 6.0, 1e-12, "cf %g", cfs[j]);
+	kiln_sim_capacity_drop(v, 4, 100, &kept, &dropped);
+	cr_expect_float_eq(kept, 300, 1e-9);
+	cr_expect_float_eq(dropped, 100, 1e-9);
+	/* kept + dropped = routed at any capacity. */
+	const double caps[] = {0, 25, 90, 100, 125, 300};
+	const double w[6] = {260, 0, 110, 70, 130, 30};
+	for (size_t j = 0; j < 6; j++) {
+		kiln_sim_capacity_drop(w, 6, caps[j], &kept, &dropped);
+		cr_expect_float_eq(kept + dropped, 600, 1e-9, "capacity %g", caps[j]);
 		cr_expect_geq(dropped, 0);
-		cr_expect_leq(kept, 6 * cfs[j] + 1e-12);
+		cr_expect_leq(kept, 6 * caps[j] + 1e-9);
 	}
+}
+
+/* A hot expert sharing a rank with cold ones drops rows even where its
+ * rank's total is within the rank's capacity: dropping is judged per
+ * expert (kiln_load_sample_experts), never less than lumping a rank's
+ * rows together would drop. */
+Test(baselines, capacity_drops_per_expert)
+{
+	const kiln_compilation *c = kt_compiled("examples/models/tiny.yaml", KILN_SOLVER_DP, false);
+	kiln_arena *a = kiln_arena_new();
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse("hot-expert", c->model->max_factor, a, stderr, &prof), 0);
+	kiln_load_shape shape;
+	kiln_sim_load_shape(c, &shape);
+	int32_t e = shape.experts_per_rank, n = shape.ep * e;
+	double rows[256], routed = 0, dropped = 0, rank_dropped = 0;
+	cr_assert_leq(n, 256);
+	double bal = (double)shape.tokens * shape.top_k / shape.ep;
+	for (int32_t it = 0; it < 4; it++) {
+		kiln_load_sample_experts(prof, &shape, 3, it, 0, 0, 0, rows);
+		double kept, drop;
+		kiln_sim_capacity_drop(rows, n, bal / e, &kept, &drop);
+		routed += kept + drop;
+		dropped += drop;
+		for (int32_t q = 0; q < shape.ep; q++) {
+			double sum = 0;
+			for (int32_t j = 0; j < e; j++)
+				sum += rows[q * e + j];
+			rank_dropped += sum > bal ? sum - bal : 0;
+		}
+	}
+	cr_expect_float_eq(routed, 4 * bal * shape.ep, 1e-6 * routed);
+	cr_expect_gt(dropped, 0);
+	cr_expect_geq(dropped, rank_dropped - 1e-9);
+	kiln_arena_free(a);
 }
 
 Test(baselines, padded_memory_is_load_independent, .init = kt_slow, .timeout = 600)

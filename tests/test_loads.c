@@ -1249,3 +1249,201 @@ Test(loads, trace_with_nothing_to_replay_is_an_error)
 	    "%s:1: error: no row of the trace lies within the model's shape (2 EP ranks, 2 "
 	    "micro-batches per iteration, 1 MoE layers): nothing would be replayed\n");
 }
+
+/* ---------------------------------------------------------------- per expert */
+
+/* Rank r's rows from kiln_load_sample_experts (e experts each). */
+static double rank_rows(const double *rows, int32_t r, int32_t e)
+{
+	return sum_of(&rows[(size_t)r * (size_t)e], e);
+}
+
+/* For every profile and shape: each rank's experts add up to its factor
+ * times the balanced rows tokens * top_k / ep (the definition of the
+ * factor, docs/simulator.md), to 1e-12 relative; no expert is negative;
+ * and the same call gives the same numbers whatever was drawn before. */
+Test(loads, experts_add_up_to_the_rank_factors)
+{
+	static const char *const specs[] = {"paper",    "balanced", "hot-expert", "hot-rank",
+	                                    "rotating", "burst",    "zipf:1.2",   "zipf:2"};
+	static const int32_t shapes[][3] = {
+	    {8, 4, 2}, {4, 2, 4}, {16, 1, 1}, {1, 8, 2}, {64, 4, 8}};
+	static double rows[64 * 4], again[64 * 4], f[64];
+	for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+		kiln_load_profile *p = parse_ok(specs[k], 2.5);
+		for (size_t x = 0; x < sizeof shapes / sizeof shapes[0]; x++) {
+			kiln_load_shape s = shape(shapes[x][0], shapes[x][1], shapes[x][2]);
+			int32_t ep = s.ep, e = s.experts_per_rank;
+			double bal = (double)s.tokens * s.top_k / ep;
+			for (int64_t it = 0; it < 60; it++) {
+				int32_t mb = (int32_t)(it % 8), l = (int32_t)(it % 4);
+				kiln_load_sample(p, &s, 5, it, mb, l, 1, f);
+				kiln_load_sample_experts(p, &s, 5, it, mb, l, 1, rows);
+				double total = 0;
+				for (int32_t r = 0; r < ep; r++) {
+					double got = rank_rows(rows, r, e) / bal;
+					cr_assert(fabs(got - f[r]) <= 1e-12 * (f[r] > 1 ? f[r] : 1),
+					          "%s ep %d e %d it %lld rank %d: %.17g vs %.17g",
+					          specs[k], ep, e, (long long)it, r, got, f[r]);
+					total += rank_rows(rows, r, e);
+				}
+				for (int32_t j = 0; j < ep * e; j++)
+					cr_assert(rows[j] >= 0, "%s: expert %d", specs[k], j);
+				/* Rows are conserved: tokens * top_k in all. */
+				cr_assert(fabs(total - (double)s.tokens * s.top_k) <
+				              1e-9 * (double)s.tokens * s.top_k,
+				          "%s: %.17g rows", specs[k], total);
+			}
+			/* Deterministic: sample 0 again after the others. */
+			kiln_load_sample_experts(p, &s, 5, 0, 0, 0, 1, again);
+			kiln_load_sample_experts(p, &s, 5, 59, 3, 3, 1, rows);
+			kiln_load_sample_experts(p, &s, 5, 0, 0, 0, 1, rows);
+			cr_assert(memcmp(rows, again, sizeof(double) * (size_t)(ep * e)) == 0, "%s",
+			          specs[k]);
+		}
+	}
+}
+
+/* Rank-level profiles spread a rank's rows evenly. hot-rank, ep 8, 4
+ * experts per rank, top-2, 4096 tokens: 4096 * 2 / 8 = 1024 balanced rows
+ * per rank; the hot rank's experts 1.8 * 1024 / 4 = 460.8 rows each, the
+ * others' (8 - 1.8) / 7 * 1024 / 4 = 226.742857... */
+Test(loads, experts_of_rank_level_profiles_are_even)
+{
+	kiln_load_profile *p = parse_ok("hot-rank", 3.0);
+	kiln_load_shape s = shape(8, 4, 2);
+	double f[8], rows[32];
+	kiln_load_sample(p, &s, 4, 3, 2, 1, 0, f);
+	kiln_load_sample_experts(p, &s, 4, 3, 2, 1, 0, rows);
+	int32_t hot = argmax(f, 8);
+	for (int32_t x = 0; x < 32; x++)
+		cr_expect(fabs(rows[x] - (x / 4 == hot ? 460.8 : 6.2 / 7 * 256)) < 1e-9,
+		          "expert %d: %.17g", x, rows[x]);
+	/* balanced: 1024 / 4 = 256 rows per expert. */
+	p = parse_ok("balanced", 3.0);
+	kiln_load_sample_experts(p, &s, 4, 3, 2, 1, 0, rows);
+	for (int32_t x = 0; x < 32; x++)
+		cr_expect_eq(rows[x], 256.0);
+}
+
+/* hot-expert per expert, ep 8, 4 experts per rank, top-2, cap 3: the hot
+ * rank holds 2.0 * 1024 rows, every other expert of the layer
+ * (6/7) * 1024 / 4 = 219.43 rows (so the other ranks hold 6/7 each), and
+ * the hot expert the rest of its rank: 2048 - 3 * 219.43 = 1389.71 rows,
+ * a share 1389.71 / 8192 = 0.17 of all rows, below 1/top_k. The hot
+ * expert is fixed per layer. */
+Test(loads, experts_of_hot_expert)
+{
+	kiln_load_profile *p = parse_ok("hot-expert", 3.0);
+	kiln_load_shape s = shape(8, 4, 2);
+	double other = 6.0 / 7.0 * 1024 / 4, hot = 2048 - 3 * other;
+	for (int32_t l = 0; l < 4; l++) {
+		double f[8], rows[32];
+		int32_t first = -1;
+		for (int64_t it = 0; it < 5; it++) {
+			kiln_load_sample(p, &s, 9, it, 1, l, 0, f);
+			kiln_load_sample_experts(p, &s, 9, it, 1, l, 0, rows);
+			int32_t x = argmax(rows, 32);
+			first = first < 0 ? x : first;
+			cr_assert_eq(x, first, "layer %d: the hot expert moved", l);
+			cr_assert_eq(x / 4, argmax(f, 8), "the hot expert is on the hot rank");
+			for (int32_t j = 0; j < 32; j++)
+				cr_assert(fabs(rows[j] - (j == x ? hot : other)) < 1e-9,
+				          "expert %d: %.17g", j, rows[j]);
+		}
+	}
+}
+
+/* zipf per expert: ep 4, 2 experts per rank, alpha 0.9, top-2, cap 4
+ * (nothing capped, as in zipf_two_experts_per_rank): sorted, the experts'
+ * rows are the Zipf shares of the 4096 * 2 = 8192 rows,
+ * 8192 j^-0.9 / H(8, 0.9). */
+Test(loads, experts_of_zipf_are_its_shares)
+{
+	kiln_load_profile *p = parse_ok("zipf:0.9", 4.0);
+	kiln_load_shape s = shape(4, 2, 2);
+	double h = harmonic(8, 0.9);
+	for (int32_t mb = 0; mb < 8; mb++) {
+		double rows[8];
+		kiln_load_sample_experts(p, &s, 8, 1, mb, 2, 0, rows);
+		qsort(rows, 8, sizeof(double), cmp_desc);
+		for (int j = 1; j <= 8; j++)
+			cr_assert(fabs(rows[j - 1] - 8192 * pow(j, -0.9) / h) < 1e-9,
+			          "micro-batch %d, j %d: %.17g", mb, j, rows[j - 1]);
+	}
+}
+
+/* zipf with its rank cap: ep 8, one expert per rank, alpha 2, cap 2 (as
+ * in zipf_capped_by_max_factor) with two experts per rank instead
+ * (alpha 3, 16 experts, top-1): the most popular expert's share
+ * 1 / H(16, 3) = 0.83 puts its rank over 2 (factor 8 * 0.83 > 2), so
+ * the rank is cut to 2; its two experts keep their ratio. */
+Test(loads, experts_of_a_capped_zipf_rank_keep_their_ratio)
+{
+	kiln_load_profile *p = parse_ok("zipf:3", 2.0);
+	kiln_load_shape s = shape(8, 2, 1);
+	double h = harmonic(16, 3.0), f[8], rows[16];
+	kiln_load_sample(p, &s, 2, 0, 0, 0, 0, f);
+	kiln_load_sample_experts(p, &s, 2, 0, 0, 0, 0, rows);
+	int32_t r = argmax(f, 8);
+	cr_assert_eq(f[r], 2.0);
+	double a = rows[2 * r], b = rows[2 * r + 1];
+	cr_expect(fabs(a + b - 2.0 * 4096 / 8) < 1e-9, "%.17g", a + b);
+	/* The hot expert is j = 1; the other one of its rank is some j. */
+	double big = a > b ? a : b, small = a > b ? b : a, ratio = big / small;
+	int found = 0;
+	for (int j = 2; j <= 16; j++)
+		found |= fabs(ratio - pow(j, 3.0)) < 1e-6 * pow(j, 3.0);
+	cr_expect(found, "ratio %.17g is not j^3 for any j (h %g)", ratio, h);
+}
+
+/* Token traces of one column per local expert give the columns as
+ * recorded (rows out of order in the file, so the columns follow their
+ * sorted rows); ranks without a row spread the balanced 1024 * 2 / 4 =
+ * 512 rows evenly, 256 each. Two columns on a shape of 4 experts per rank:
+ * the others are 0. A factor trace spreads evenly: 1.5 * 512 / 2 = 384. */
+Test(loads, experts_of_token_traces_as_recorded)
+{
+	char *path;
+	kiln_load_profile *p = trace_ok("iteration,microbatch,layer,rank,e0,e1\n"
+	                                "101,0,0,3,1024.5,0\n"
+	                                "100,0,0,1,0,7\n"
+	                                "100,0,0,0,300,400\n"
+	                                "101,0,0,2,256,256\n",
+	                                &path);
+	kiln_load_shape s = shape(4, 2, 2);
+	s.tokens = 1024;
+	double rows[16];
+	kiln_load_sample_experts(p, &s, 1, 0, 0, 0, 0, rows);
+	double want0[8] = {300, 400, 0, 7, 256, 256, 256, 256};
+	for (int x = 0; x < 8; x++)
+		cr_expect_eq(rows[x], want0[x], "expert %d: %.17g", x, rows[x]);
+	kiln_load_sample_experts(p, &s, 1, 1, 0, 0, 0, rows);
+	double want1[8] = {256, 256, 256, 256, 256, 256, 1024.5, 0};
+	for (int x = 0; x < 8; x++)
+		cr_expect_eq(rows[x], want1[x], "expert %d: %.17g", x, rows[x]);
+	kiln_load_shape s4 = shape(4, 4, 2);
+	s4.tokens = 1024;
+	kiln_load_sample_experts(p, &s4, 1, 0, 0, 0, 0, rows);
+	double want4[16] = {300, 400, 0, 0, 0, 7, 0, 0, 128, 128, 128, 128, 128, 128, 128, 128};
+	for (int x = 0; x < 16; x++)
+		cr_expect_eq(rows[x], want4[x], "expert %d: %.17g", x, rows[x]);
+	/* One expert per rank: the columns beyond it go to the last one, so
+	 * the rank still holds its row's total. */
+	kiln_load_shape s1 = shape(4, 1, 2);
+	s1.tokens = 1024;
+	kiln_load_sample_experts(p, &s1, 1, 0, 0, 0, 0, rows);
+	cr_expect(rows[0] == 700 && rows[1] == 7 && rows[2] == 512 && rows[3] == 512);
+	unlink(path);
+	free(path);
+
+	p = trace_ok(factor_trace, &path);
+	kiln_load_shape sf = shape(4, 2, 2);
+	sf.tokens = 1024;
+	kiln_load_sample_experts(p, &sf, 1, 0, 0, 0, 0, rows);
+	double wantf[8] = {384, 384, 128, 128, 256, 256, 256, 256};
+	for (int x = 0; x < 8; x++)
+		cr_expect_eq(rows[x], wantf[x], "expert %d: %.17g", x, rows[x]);
+	unlink(path);
+	free(path);
+}

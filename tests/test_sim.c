@@ -406,6 +406,19 @@ Test(sim, statistical_method_is_never_more_optimistic_than_exact, .timeout = 900
 				             0);
 			}
 			never_optimistic(st, ex, what);
+			/* mindspeed's trigger is the EP group's, from the loads
+			 * alone: both methods fire it alike. Where a rank is hot
+			 * only in some micro-batches (shared), it fires in some
+			 * forwards and not in others: the previous forward's
+			 * state is exercised both ways. */
+			const kiln_sim_result *ms = &ex[KILN_SIM_MINDSPEED];
+			cr_assert_eq(st[KILN_SIM_MINDSPEED].triggered, ms->triggered, "%s", what);
+			if (t == 0)
+				cr_assert(ms->triggered > 0 &&
+				              ms->triggered <
+				                  4 * (int64_t)sh.microbatches * sh.layers,
+				          "%s: mindspeed fired %lld times", what,
+				          (long long)ms->triggered);
 			if (m == 1 && t == 0) {
 				int64_t ooms = 0;
 				for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++)

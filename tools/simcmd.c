@@ -31,7 +31,7 @@ static const char HELP_SIMULATE[] =
     "the progress since the last checkpoint). docs/simulator.md.\n"
     "\n"
     "  --policy P,...   unbounded, full-recompute, megatron, megatron-capacity[:CF],\n"
-    "                   static-aggressive, adapipe, mindspeed-threshold, kiln,\n"
+    "                   static-aggressive, adapipe, mindspeed, kiln,\n"
     "                   kiln:no-offload, kiln:no-adaptive, kiln:no-overlap,\n"
     "                   kiln:no-adaptive+no-overlap, or all\n"
     "  --plan F         the blob kiln decides with (default: compiled now); it\n"
