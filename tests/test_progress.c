@@ -286,10 +286,10 @@ Test(progress, compile_beyond_the_cost_bound_is_refused, .timeout = 60)
 }
 
 /* --iters 100000000 of every policy on tiny: 10^8 iterations x 1 EP group
- * (dp 4 * tp 1 / ep 4) x 11 policies x 10 layers (8 and the embedding and
+ * (dp 4 * tp 1 / ep 4) x 12 policies x 10 layers (8 and the embedding and
  * head) x 4 micro-batches x 5 ranks followed (the envelope and min(4, ep)
- * candidates) = 2.2e11 layer decisions, over 1e10: a usage error at once,
- * with the --iters that fits (1e10 / 2,200 per iteration = 4,545,454).
+ * candidates) = 2.4e11 layer decisions, over 1e10: a usage error at once,
+ * with the --iters that fits (1e10 / 2,400 per iteration = 4,166,666).
  * Before, it ran for days. */
 Test(progress, simulate_beyond_the_decision_bound_is_refused, .timeout = 60)
 {
@@ -300,11 +300,11 @@ Test(progress, simulate_beyond_the_decision_bound_is_refused, .timeout = 60)
 	cr_expect_eq(r.status, 2, "%s", r.err);
 	cr_expect_not_null(strstr(r.err,
 	                          "kilnc: error: simulate: 100000000 iterations x 1 EP groups "
-	                          "x 11 policies x 10 layers x 4 micro-batches x 5 ranks "
-	                          "followed = 2.2e+11 layer decisions"),
+	                          "x 12 policies x 10 layers x 4 micro-batches x 5 ranks "
+	                          "followed = 2.4e+11 layer decisions"),
 	                   "%s", r.err);
 	cr_expect_not_null(strstr(r.err, "over the limit of 1e+10"), "%s", r.err);
-	cr_expect_not_null(strstr(r.err, "kilnc: note: use --iters 4545454 or fewer"), "%s", r.err);
+	cr_expect_not_null(strstr(r.err, "kilnc: note: use --iters 4166666 or fewer"), "%s", r.err);
 	cr_expect_eq(r.out_len, 0, "%s", r.out);
 	cr_expect_lt(now_s() - t0, 20.0);
 	kt_run_free(&r);
