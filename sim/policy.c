@@ -286,8 +286,9 @@ static int prepare_megatron(kiln_sim_policy *p, kiln_arena *a)
 		                : kiln_megatron_search(c, p->cf, a, &r, &ma, NULL);
 		if (rc != 0)
 			return -1;
-		r.capacity_factor = p->cf;
-		r.pad_to_capacity = true;
+		/* A dense model has no expert to cap. */
+		r.capacity_factor = c->model->moe ? p->cf : 0;
+		r.pad_to_capacity = c->model->moe;
 		for (int32_t k = 0; k < ns; k++)
 			p->actions[k] = ma.tail[k];
 		if (ns > 0 && ma.head[0]) {
