@@ -109,6 +109,10 @@ void kiln_plans_text(const kiln_compilation *c, FILE *out)
 		snprintf(state, sizeof state, "%s %g", c->baselines[k].fits ? "fits at" : "OOM at load",
 		         c->baselines[k].design_load);
 		fprintf(out, "  %-20s %-15s %s\n", c->baselines[k].name, state, c->baselines[k].models);
+		if (c->baselines[k].searched > 0)
+			fprintf(out, "  %-20s %-15s (searched %lld recipes in %.2f s of CPU)\n", "",
+			        "", (long long)c->baselines[k].searched,
+			        c->baselines[k].search_cpu_s);
 	}
 }
 

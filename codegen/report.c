@@ -50,16 +50,6 @@ static void fmt_count(char *buf, size_t n, double v)
 		snprintf(buf, n, "%.0f", v);
 }
 
-/* label, then the names of the modules set in mask (bit i: names[i]). */
-static void put_modules(FILE *out, const char *label, const char *const *names, int n,
-                        uint32_t mask)
-{
-	fputs(label, out);
-	for (int i = 0; i < n; i++)
-		if (mask & (1u << i))
-			fprintf(out, " %s", names[i]);
-}
-
 static double balanced_rows(const kiln_ir_graph *g)
 {
 	for (int32_t i = 0; i < g->n_layers; i++)
@@ -137,28 +127,13 @@ void kiln_report_check(const kiln_ir_graph *g, FILE *out)
 		        m->overlap_ep_comm ? ", EP overlap" : "",
 		        m->account_for_embedding ? ", embedding counted in the split" : "",
 		        m->account_for_loss ? ", loss counted in the split" : "");
-		if (mg->recompute == KILN_RECOMPUTE_FULL)
-			fprintf(out, ", full recompute");
-		if (mg->recompute == KILN_RECOMPUTE_SELECTIVE) {
-			static const char *const mods[] = {
-#define X(id, name) name,
-			    KILN_MEGATRON_RECOMPUTE_MODULES(X)
-#undef X
-			};
-			put_modules(out, ", recompute", mods, KILN_MRC_COUNT,
-			            mg->recompute_modules);
-		}
-		if (mg->offload_modules) {
-			static const char *const offs[] = {
-#define X(id, name) name,
-			    KILN_MEGATRON_OFFLOAD_MODULES(X)
-#undef X
-			};
-			put_modules(out, ", offload", offs, KILN_MOF_COUNT, mg->offload_modules);
-		}
-		if (mg->capacity_factor > 0)
-			fprintf(out, ", capacity factor %g%s", mg->capacity_factor,
-			        mg->pad_to_capacity ? " (padded)" : "");
+		/* The recipe as a Megatron command line carries it
+		 * (costmodel/megatron.c). */
+		char flags[512];
+		if ((mg->recompute != KILN_RECOMPUTE_NONE || mg->offload_modules ||
+		     mg->capacity_factor > 0) &&
+		    kiln_megatron_flags_format(mg, flags, sizeof flags) >= 0)
+			fprintf(out, ", %s", flags);
 		if (mg->force_load_balancing)
 			fprintf(out, ", forced balance");
 		if (mg->mtp_num_layers)

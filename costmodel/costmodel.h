@@ -244,6 +244,42 @@ void kiln_cost_plan_eval(const kiln_plan_instance *in, const int32_t *choice,
  * limits, choices[0] keeps all). Returns 0 or -1. */
 int kiln_cost_instance_check(const kiln_plan_instance *in);
 
+/* megatron.c: Megatron-Core's recompute and offload modules on kiln's ops,
+ * the one mapping step.c and passes/baselines.c share (docs/cost-model.md,
+ * "Baselines"; the Megatron-LM code it follows is cited in the file). */
+
+/* The recompute modules that output-discarding checkpointing implements
+ * (transformer_config.py:579-582); the others checkpoint normally. */
+#define KILN_MRC_DISCARDS_OUTPUT (KILN_MRC(MOE_ACT) | KILN_MRC(LAYERNORM) | KILN_MRC(MLA_UP_PROJ))
+
+/* The recompute modules (KILN_MRC bits) whose checkpointed region holds
+ * forward ops of kind k: what a module re-runs in backward. */
+uint32_t kiln_megatron_recompute_cover(kiln_op_kind k);
+/* The offload modules (KILN_MOF bits) whose offload context holds forward
+ * op o of g (every tensor o saves for backward moves with them). */
+uint32_t kiln_megatron_offload_cover(const kiln_ir_graph *g, int32_t o);
+
+/* How the modules see one saved tensor (its alias group, rooted at tensor
+ * root): the recompute regions that make it, those whose ops save it, those
+ * with an op outside them that saves it, and the offload contexts that
+ * save it. O(ops of the layer). */
+typedef struct kiln_megatron_uses {
+	uint32_t made_by, saved_by, saved_outside_of; /* KILN_MRC bits */
+	uint32_t offloaded_by;                        /* KILN_MOF bits */
+} kiln_megatron_uses;
+void kiln_megatron_tensor_uses(const kiln_ir_graph *g, int32_t root, kiln_megatron_uses *out);
+/* The modules of `modules` (KILN_MRC bits) that drop a tensor with uses u:
+ * an output-discarding region drops what it makes; a normal one what it
+ * makes and only it saves. 0: the tensor stays. */
+uint32_t kiln_megatron_drops(const kiln_megatron_uses *u, uint32_t modules);
+
+/* Writes recipe r as Megatron's command-line flags (e.g.
+ * "--recompute-granularity selective --recompute-modules layernorm moe_act
+ * --fine-grained-activation-offloading --offload-modules expert_fc1") into
+ * buf (size bytes, NUL-terminated). Returns the length, or -1 when it did
+ * not fit. */
+int kiln_megatron_flags_format(const kiln_megatron *r, char *buf, size_t size);
+
 /* knapsack.c */
 
 /* The whole frontier of one instance by dynamic programming over quanta

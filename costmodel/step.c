@@ -296,45 +296,15 @@ double kiln_cost_step_op_us(const kiln_ir_graph *g, const kiln_ir_op *op, double
 	return 0;
 }
 
-/* Whether the recipe recomputes op (a forward op) in the backward pass. */
+/* Whether the recipe recomputes op (a forward op) in the backward pass:
+ * a selective module re-runs its whole region (costmodel/megatron.c). */
 static bool recomputed(const kiln_model *m, const kiln_ir_op *op, bool full_layer)
 {
 	if (full_layer)
 		return op->kind != KILN_OP_INPUT && op->kind != KILN_OP_PP_SEND;
 	if (m->megatron.recompute != KILN_RECOMPUTE_SELECTIVE)
 		return false;
-	uint32_t mods = m->megatron.recompute_modules;
-	switch (op->kind) {
-	case KILN_OP_ATTN_CORE:
-	case KILN_OP_ATTN_DROPOUT:
-		return mods & KILN_MRC(CORE_ATTN);
-	case KILN_OP_NORM:
-		return mods & KILN_MRC(LAYERNORM);
-	case KILN_OP_EXPERT_ACT:
-		return mods & (KILN_MRC(MOE_ACT) | KILN_MRC(MOE));
-	case KILN_OP_Q_UP:
-	case KILN_OP_KV_UP:
-		return mods & KILN_MRC(MLA_UP_PROJ);
-	case KILN_OP_FFN_UP:
-	case KILN_OP_FFN_ACT:
-	case KILN_OP_FFN_DOWN:
-		return mods & KILN_MRC(MLP);
-	case KILN_OP_SHARED_UP:
-	case KILN_OP_SHARED_ACT:
-	case KILN_OP_SHARED_DOWN:
-		return mods & (KILN_MRC(SHARED_EXPERTS) | KILN_MRC(MOE));
-	case KILN_OP_ROUTER:
-	case KILN_OP_ROUTER_SOFTMAX:
-	case KILN_OP_PERMUTE:
-	case KILN_OP_DISPATCH:
-	case KILN_OP_EXPERT_UP:
-	case KILN_OP_EXPERT_DOWN:
-	case KILN_OP_COMBINE:
-	case KILN_OP_UNPERMUTE:
-		return mods & KILN_MRC(MOE);
-	default:
-		return false;
-	}
+	return (kiln_megatron_recompute_cover(op->kind) & m->megatron.recompute_modules) != 0;
 }
 
 void kiln_cost_step_layer(const kiln_ir_graph *g, int32_t layer, double r,

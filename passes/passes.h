@@ -284,18 +284,26 @@ double kiln_budget_stage_bytes(const kiln_compilation *c, int32_t stage, int32_t
 
 typedef enum {
 	KILN_BASELINE_FULL_RECOMPUTE,
-	KILN_BASELINE_MEGATRON_SELECTIVE,
+	KILN_BASELINE_MEGATRON,
 	KILN_BASELINE_STATIC_AGGRESSIVE,
 	KILN_BASELINE_ADAPIPE,
 	KILN_BASELINE_COUNT
 } kiln_baseline_kind;
 
-/* A static policy: one action vector per unit set, the same at every load. */
+/* A static policy: one action vector per unit set, the same at every load;
+ * a Megatron recipe with block recompute gives the first block_layers
+ * transformer layers of every model chunk on a stage their own plan. */
 struct kiln_baseline {
 	kiln_baseline_kind kind;
 	const char *name;   /* "full-recompute", ... */
-	const char *models; /* the peer flags or paper it models */
+	const char *models; /* the peer flags or paper it models (megatron: the chosen flags) */
 	int32_t *plan;      /* per unit set: pool index */
+	int32_t
+	    *head_plan; /* per unit set: pool index for the block's layers; NULL without a block */
+	int32_t block_layers; /* layers per chunk under head_plan (0: none) */
+	kiln_megatron recipe; /* megatron: the flags chosen (or the description's) */
+	int64_t searched;     /* megatron: recipes the search enumerated (0: the description's) */
+	double search_cpu_s;  /* and its CPU time */
 	double design_load; /* load factor it was tuned for */
 	bool fits;          /* every stage fits at the design load (when false, the plan is
 	                       the closest the rule gets: the run would go out of memory) */
@@ -305,6 +313,51 @@ struct kiln_baseline {
  * ablation) are tuned for: the calm imbalance of a team's most loaded
  * device (passes/baselines.c). */
 #define KILN_BASELINE_DESIGN_LOAD 1.2
+
+/* A Megatron recipe as per-unit actions (docs/cost-model.md, "Baselines"):
+ * per unit set the actions of the layers outside a block (tail) and, for
+ * full recompute with the block method, of the block's layers (head; NULL
+ * otherwise), with how many of the set's layers take each. Arena-owned. */
+typedef struct kiln_megatron_actions {
+	uint8_t **tail, **head;
+	int32_t *n_tail, *n_head;
+	bool fits;         /* every stage fits with every in-flight micro-batch at the load */
+	double worst_us;   /* the objective: the slowest stage's compute plus exposed time
+	                      per micro-batch at the load */
+	double exposed_us; /* tie-break: exposed time summed over the stages */
+} kiln_megatron_actions;
+
+/* Whether graph layer l is among the first block_layers transformer layers
+ * of its model chunk on its stage (Megatron's block method,
+ * megatron/core/recompute.py:167-180). */
+bool kiln_megatron_in_block(const kiln_ir_graph *g, int32_t l, int32_t block_layers);
+
+/* Recipe r's actions on every unit set of c at load factor load (its
+ * expert rows; offload's size threshold is judged there), and its fit and
+ * objective, each scheduled exposed time from kiln_interleave_exposed at
+ * load's bucket. c must have run the budget pass. Returns 0, or -1 on
+ * exhaustion. */
+int kiln_megatron_recipe_eval(const kiln_compilation *c, const kiln_megatron *r, double load,
+                              kiln_arena *a, kiln_megatron_actions *out);
+
+/* Search statistics of kiln_megatron_search. */
+typedef struct kiln_megatron_search_stats {
+	int64_t candidates; /* recipes enumerated after dominance pruning */
+	int64_t fitting;    /* of them, fitting by bytes */
+	int64_t scheduled;  /* distinct (unit set, actions) scheduled */
+	double cpu_s;
+} kiln_megatron_search_stats;
+
+/* The strongest static recipe at load (docs/cost-model.md, "Baselines"):
+ * over selective module sets with offload module sets, no recompute with
+ * offload, and full recompute (uniform, or block with 1 .. layers - 1 per
+ * chunk, with offloads on the other layers), the one that fits with the
+ * least objective (ties: less exposed time summed, then fewer flags); when
+ * none fits, full uniform recompute (fits false). Into out_recipe and
+ * out_actions; stats may be NULL. Returns 0, or -1 on exhaustion. */
+int kiln_megatron_search(const kiln_compilation *c, double load, kiln_arena *a,
+                         kiln_megatron *out_recipe, kiln_megatron_actions *out_actions,
+                         kiln_megatron_search_stats *stats);
 
 const char *kiln_baseline_name(kiln_baseline_kind k);
 

@@ -37,14 +37,60 @@ const char *kiln_sim_policy_models(kiln_sim_policy_kind k)
 	return k >= 0 && k < KILN_SIM_POLICY_COUNT ? MODELS[k] : "?";
 }
 
-int kiln_sim_policy_parse(const char *s)
+int kiln_sim_policy_parse_cf(const char *s, double *out_cf)
 {
+	if (out_cf)
+		*out_cf = 0;
 	for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++)
 		if (strcmp(s, NAMES[k]) == 0)
 			return k;
 	if (strcmp(s, "kiln:no-overlap+no-adaptive") == 0)
 		return KILN_SIM_KILN_STATIC_SERIAL;
+	/* megatron's search covers every module prefix megatron-selective
+	 * tried: the old name stays as an alias. */
+	if (strcmp(s, "megatron-selective") == 0)
+		return KILN_SIM_MEGATRON;
+	static const char cap[] = "megatron-capacity:";
+	if (strncmp(s, cap, sizeof cap - 1) == 0) {
+		const char *v = s + sizeof cap - 1;
+		char *end = NULL;
+		double cf = strtod(v, &end);
+		if (end == v || *end != '\0' || !(cf > 0 && cf <= 64))
+			return -1;
+		if (out_cf)
+			*out_cf = cf;
+		return KILN_SIM_MEGATRON_CAPACITY;
+	}
+	/* The former name of mindspeed (a per-rank factor trigger on expert
+	 * units), kept so that scripts naming it still run. */
+	if (strcmp(s, "mindspeed-threshold") == 0)
+		return KILN_SIM_MINDSPEED;
 	return -1;
+}
+
+int kiln_sim_policy_parse(const char *s)
+{
+	return kiln_sim_policy_parse_cf(s, NULL);
+}
+
+double kiln_sim_capacity_factor(const kiln_model *m, double cf)
+{
+	if (cf > 0)
+		return cf;
+	return m->megatron.capacity_factor > 0 ? m->megatron.capacity_factor : 1.0;
+}
+
+void kiln_sim_capacity_drop(const double *rows, int32_t n_experts, double capacity_rows,
+                            double *out_kept, double *out_dropped)
+{
+	double kept = 0, dropped = 0;
+	for (int32_t x = 0; x < n_experts; x++) {
+		double v = rows[x] > 0 ? rows[x] : 0;
+		kept += v < capacity_rows ? v : capacity_rows;
+		dropped += v > capacity_rows ? v - capacity_rows : 0;
+	}
+	*out_kept = kept;
+	*out_dropped = dropped;
 }
 
 /* A plan's bytes at n rows as two lines, base + per_n * n: its kept
@@ -70,9 +116,22 @@ struct kiln_sim_policy {
 	/* Static policies: per set its actions, and per (set, bucket) the cost. */
 	const uint8_t **actions;
 	cost *costs;
-	/* mindspeed-threshold: the plan above the threshold. */
+	/* mindspeed: the plan when its trigger fires (the whole MoE layer
+	 * checkpointed); actions is the plan otherwise. */
 	const uint8_t **hot_actions;
 	cost *hot_costs;
+	/* megatron with block recompute: the block layers' plan, and per
+	 * model layer whether it is in the block. */
+	const uint8_t **head_actions;
+	cost *head_costs;
+	plan_form **head_forms;
+	uint8_t *in_block;
+	int32_t n_model_layers;
+	/* megatron-capacity: the capacity factor; every expert processes
+	 * exactly its capacity (padded). */
+	double cf;
+	/* megatron, megatron-capacity: the recipe's Megatron flags. */
+	const char *flags;
 	/* Adaptive policies: per (frontier, frontier point) the cost (shared
 	 * by the tables of one frontier), NAN until computed. */
 	cost **frontier_costs;
@@ -214,6 +273,142 @@ static const uint8_t *steady_actions(const kiln_compilation *c, int32_t set)
 	return c->pool->actions[t->plan[bu->steady_point[k]]];
 }
 
+/* megatron's block layers, and megatron-capacity's plan: the
+ * description's recipe, else the search's at the capacity factor (the
+ * load every rank then carries). */
+static int prepare_megatron(kiln_sim_policy *p, kiln_arena *a)
+{
+	const kiln_compilation *c = p->c;
+	int32_t ns = c->n_sets;
+	const kiln_baseline *bl = &c->baselines[KILN_BASELINE_MEGATRON];
+	const uint8_t *const *head = NULL;
+	int32_t block = 0;
+	kiln_megatron_actions ma;
+	kiln_megatron r = bl->recipe;
+	if (p->kind == KILN_SIM_MEGATRON_CAPACITY) {
+		const kiln_megatron *given = &c->model->megatron;
+		bool stated = given->recompute != KILN_RECOMPUTE_NONE || given->offload_modules;
+		if (stated)
+			r = *given;
+		int rc = stated ? kiln_megatron_recipe_eval(c, given, p->cf, a, &ma)
+		                : kiln_megatron_search(c, p->cf, a, &r, &ma, NULL);
+		if (rc != 0)
+			return -1;
+		/* A dense model has no expert to cap. */
+		r.capacity_factor = c->model->moe ? p->cf : 0;
+		r.pad_to_capacity = c->model->moe;
+		for (int32_t k = 0; k < ns; k++)
+			p->actions[k] = ma.tail[k];
+		if (ns > 0 && ma.head[0]) {
+			head = (const uint8_t *const *)ma.head;
+			block = (int32_t)r.recompute_num_layers;
+		}
+	} else if (bl->head_plan) {
+		const uint8_t **h = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
+		if (!h)
+			return -1;
+		for (int32_t k = 0; k < ns; k++)
+			h[k] = c->pool->actions[bl->head_plan[k]];
+		head = h;
+		block = bl->block_layers;
+	}
+	char buf[512];
+	if (kiln_megatron_flags_format(&r, buf, sizeof buf) >= 0) {
+		char *f = kiln_arena_alloc(a, strlen(buf) + 1);
+		if (!f)
+			return -1;
+		memcpy(f, buf, strlen(buf) + 1);
+		p->flags = f;
+	}
+	if (!head)
+		return 0;
+	const kiln_ir_graph *g = c->graph;
+	p->n_model_layers = 0;
+	for (int32_t l = 0; l < g->n_layers; l++)
+		if (g->layers[l].index >= p->n_model_layers)
+			p->n_model_layers = g->layers[l].index + 1;
+	p->in_block = kiln_arena_alloc(a, (size_t)p->n_model_layers + 1);
+	p->head_actions = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
+	p->head_costs = kiln_arena_alloc(a, sizeof(cost) * (size_t)(ns + 1) * (size_t)c->n_buckets);
+	if (!p->in_block || !p->head_actions || !p->head_costs)
+		return -1;
+	memset(p->in_block, 0, (size_t)p->n_model_layers + 1);
+	for (int32_t l = 0; l < g->n_layers; l++)
+		if (g->layers[l].index >= 0)
+			p->in_block[g->layers[l].index] = kiln_megatron_in_block(g, l, block);
+	for (int32_t k = 0; k < ns; k++) {
+		p->head_actions[k] = head[k];
+		for (int32_t b = 0; b < c->n_buckets; b++)
+			p->head_costs[(size_t)k * c->n_buckets + b] = (cost){NAN, NAN, NAN};
+	}
+	return 0;
+}
+
+/* MindSpeed, as modelled (docs/simulator.md, "Policies"; MindSpeed
+ * branch 2.1.0_core_r0.8.0, commit 1e898a29c750, 2025-11-03). Beside the
+ * adaptive MoE recompute its users run MindSpeed's selective recompute of
+ * the activation functions and norms (its feature test
+ * tests_extend/system_tests/feature_tests/megatron_moe.sh:44-51 sets
+ * --recompute-activation-function and --recompute-norm with it): the
+ * outputs of every MLP's and expert's activation (mindspeed/model/
+ * transformer.py:944-1010, mindspeed/core/transformer/moe/experts.py:
+ * 105-108) and of the norms (mindspeed/core/models/gpt/gpt_layer_specs.py:
+ * 56-65), in every layer. */
+static int mindspeed_selective(kiln_op_kind k)
+{
+	return k == KILN_OP_NORM || k == KILN_OP_FFN_ACT || k == KILN_OP_EXPERT_ACT ||
+	       k == KILN_OP_SHARED_ACT;
+}
+
+/* The ops of Megatron's MoELayer, which MindSpeed's trigger checkpoints
+ * whole (tensor_parallel.checkpoint(custom_forward, ...), mindspeed/core/
+ * transformer/moe/moe_layer.py:120-147): router, dispatch, experts,
+ * combine and the shared experts; only its input is kept. */
+static int mindspeed_moe_layer(kiln_op_kind k)
+{
+	switch (k) {
+	case KILN_OP_ROUTER:
+	case KILN_OP_ROUTER_SOFTMAX:
+	case KILN_OP_PERMUTE:
+	case KILN_OP_DISPATCH:
+	case KILN_OP_EXPERT_UP:
+	case KILN_OP_EXPERT_ACT:
+	case KILN_OP_EXPERT_DOWN:
+	case KILN_OP_COMBINE:
+	case KILN_OP_UNPERMUTE:
+	case KILN_OP_SHARED_UP:
+	case KILN_OP_SHARED_ACT:
+	case KILN_OP_SHARED_DOWN:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* mindspeed's two plans for one unit set into cold (untriggered) and hot
+ * (triggered, MoE layers only): the selective recompute, and that plus
+ * every unit of the MoE layer recomputed. A plan that source tracking
+ * rejects falls back, the cold one to keeping everything, the hot one to
+ * full recompute (never reached on the shipped models). */
+static void mindspeed_plans(const kiln_compilation *c, int32_t k, uint8_t *cold, uint8_t *hot)
+{
+	const kiln_unit_set *set = &c->sets[k];
+	for (int32_t u = 0; u < set->n_units; u++) {
+		const kiln_unit *un = &set->units[u];
+		kiln_op_kind op = c->graph->ops[un->producer].kind;
+		int input = (un->flags & KILN_UNIT_LAYER_INPUT) != 0;
+		cold[u] = !input && mindspeed_selective(op) ? KILN_ACT_RECOMPUTE : KILN_ACT_KEEP;
+		hot[u] = !input && set->kind == KILN_LAYER_MOE && mindspeed_moe_layer(op)
+		             ? KILN_ACT_RECOMPUTE
+		             : cold[u];
+	}
+	if (kiln_plan_valid(set, cold) != 0)
+		memset(cold, KILN_ACT_KEEP, (size_t)set->n_units);
+	if (kiln_plan_valid(set, hot) != 0)
+		memcpy(hot, c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[k]],
+		       (size_t)set->n_units);
+}
+
 static int prepare_static(kiln_sim_policy *p, kiln_arena *a)
 {
 	const kiln_compilation *c = p->c;
@@ -226,16 +421,18 @@ static int prepare_static(kiln_sim_policy *p, kiln_arena *a)
 	for (int32_t k = 0; k < ns; k++) {
 		switch (p->kind) {
 		case KILN_SIM_UNBOUNDED:
-		case KILN_SIM_MINDSPEED:
+		case KILN_SIM_MINDSPEED: /* its plans below */
 			p->actions[k] = keep;
 			break;
 		case KILN_SIM_FULL_RECOMPUTE:
 			p->actions[k] = c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[k]];
 			break;
-		case KILN_SIM_MEGATRON_SELECTIVE:
+		case KILN_SIM_MEGATRON:
 			p->actions[k] =
-			    c->pool->actions[c->baselines[KILN_BASELINE_MEGATRON_SELECTIVE].plan[k]];
+			    c->pool->actions[c->baselines[KILN_BASELINE_MEGATRON].plan[k]];
 			break;
+		case KILN_SIM_MEGATRON_CAPACITY:
+			break; /* below */
 		case KILN_SIM_STATIC_AGGRESSIVE:
 			p->actions[k] =
 			    c->pool->actions[c->baselines[KILN_BASELINE_STATIC_AGGRESSIVE].plan[k]];
@@ -257,24 +454,21 @@ static int prepare_static(kiln_sim_policy *p, kiln_arena *a)
 			                                   ? (cost){0, 0, 0}
 			                                   : (cost){NAN, NAN, NAN};
 	}
+	if (p->kind == KILN_SIM_MEGATRON || p->kind == KILN_SIM_MEGATRON_CAPACITY)
+		return prepare_megatron(p, a);
 	if (p->kind != KILN_SIM_MINDSPEED)
 		return 0;
-	/* Above 2x: the expert units recomputed (as the full-recompute
-	 * baseline rebuilds them), everything else kept. */
 	p->hot_actions = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)ns);
 	p->hot_costs = kiln_arena_alloc(a, sizeof(cost) * (size_t)ns * (size_t)nb);
 	if (!p->hot_actions || !p->hot_costs)
 		return -1;
 	for (int32_t k = 0; k < ns; k++) {
-		const kiln_unit_set *set = &c->sets[k];
-		const uint8_t *full = c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[k]];
-		uint8_t *hot = kiln_arena_alloc(a, (size_t)set->n_units + 1);
-		if (!hot)
+		size_t nu = (size_t)c->sets[k].n_units;
+		uint8_t *cold = kiln_arena_alloc(a, nu + 1), *hot = kiln_arena_alloc(a, nu + 1);
+		if (!cold || !hot)
 			return -1;
-		for (int32_t u = 0; u < set->n_units; u++)
-			hot[u] = (set->units[u].flags & KILN_UNIT_EXPERT) ? full[u] : KILN_ACT_KEEP;
-		if (kiln_plan_valid(set, hot) != 0)
-			memcpy(hot, full, (size_t)set->n_units);
+		mindspeed_plans(c, k, cold, hot);
+		p->actions[k] = cold;
 		p->hot_actions[k] = hot;
 		for (int32_t b = 0; b < nb; b++)
 			p->hot_costs[(size_t)k * nb + b] = (cost){NAN, NAN, NAN};
@@ -793,20 +987,22 @@ static int stash_forms(kiln_sim_policy *p, kiln_arena *a)
 }
 
 int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const kiln_rt *rt,
-                        kiln_arena *a, FILE *err, kiln_sim_policy **out)
+                        double capacity_factor, kiln_arena *a, FILE *err, kiln_sim_policy **out)
 {
-	return kiln_sim_policy_new_stash(k, c, rt, NULL, a, err, out);
+	return kiln_sim_policy_new_stash(k, c, rt, capacity_factor, NULL, a, err, out);
 }
 
 int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const kiln_compilation *c, const kiln_rt *rt,
-                              const kiln_sim_stash_flags *flags, kiln_arena *a, FILE *err,
-                              kiln_sim_policy **out)
+                              double capacity_factor, const kiln_sim_stash_flags *flags,
+                              kiln_arena *a, FILE *err, kiln_sim_policy **out)
 {
 	*out = NULL;
 	kiln_sim_policy *p = kiln_arena_alloc(a, sizeof *p);
 	if (!p)
 		return -1;
+	memset(p, 0, sizeof *p);
 	p->kind = k;
+	p->cf = kiln_sim_capacity_factor(c->model, capacity_factor);
 	p->c = c;
 	p->serial = k == KILN_SIM_KILN_NO_OVERLAP || k == KILN_SIM_KILN_STATIC_SERIAL;
 	if (k == KILN_SIM_KILN || k == KILN_SIM_KILN_NO_OVERLAP || k == KILN_SIM_KILN_NO_OFFLOAD) {
@@ -835,7 +1031,8 @@ int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const kiln_compilation *c,
 	} else {
 		p->forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
 		p->hot_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
-		if (!p->forms || !p->hot_forms)
+		p->head_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
+		if (!p->forms || !p->hot_forms || !p->head_forms)
 			return -1;
 		for (int32_t s = 0; s < c->n_sets; s++) {
 			p->forms[s] =
@@ -844,7 +1041,11 @@ int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const kiln_compilation *c,
 			                      ? form_build(p, s, p->hot_actions[s],
 			                                   kiln_arena_alloc(a, sizeof(plan_form)))
 			                      : p->forms[s];
-			if (!p->forms[s] || !p->hot_forms[s])
+			p->head_forms[s] = p->head_actions
+			                       ? form_build(p, s, p->head_actions[s],
+			                                    kiln_arena_alloc(a, sizeof(plan_form)))
+			                       : p->forms[s];
+			if (!p->forms[s] || !p->hot_forms[s] || !p->head_forms[s])
 				return -1;
 		}
 		if (k == KILN_SIM_MEGATRON_PAGED_STASH && stash_forms(p, a) != 0)
@@ -904,13 +1105,18 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	const kiln_compilation *c = p->c;
 	const kiln_unit_set *S = &c->sets[set];
 	if (!p->rt) {
-		double r;
-		int32_t b = kiln_sim_policy_bucket(c, set, n, &r);
-		if (p->kind == KILN_SIM_MINDSPEED && r > 2.0)
-			fill(p, p->hot_forms[set], n,
-			     static_cost(p, p->hot_costs, p->hot_actions[set], set, b), out);
-		else
-			fill(p, p->forms[set], n, static_cost(p, p->costs, p->actions[set], set, b), out);
+		if (p->in_block && layer >= 0 && layer < p->n_model_layers && p->in_block[layer]) {
+			/* megatron's block layers: full recompute. */
+			double r;
+			n = kiln_sim_policy_rows(p, set, n);
+			int32_t b = kiln_sim_policy_bucket(c, set, n, &r);
+			fill(p, p->head_forms[set], n,
+			     static_cost(p, p->head_costs, p->head_actions[set], set, b), out);
+			return;
+		}
+		/* mindspeed without its trigger state: the untriggered plan
+		 * (kiln_sim_policy_decide_triggered decides with it). */
+		kiln_sim_policy_decide_triggered(p, set, n, 0, out);
 		return;
 	}
 	kiln_query q = {.stage = S->stage,
@@ -968,6 +1174,27 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	out->over_budget = (plan.flags & KILN_PLAN_OVER_BUDGET) != 0;
 }
 
+void kiln_sim_policy_decide_triggered(const kiln_sim_policy *p, int32_t set, double n,
+                                      int triggered, kiln_sim_choice *out)
+{
+	double r;
+	n = kiln_sim_policy_rows(p, set, n);
+	int32_t b = kiln_sim_policy_bucket(p->c, set, n, &r);
+	if (triggered && p->hot_actions && p->c->sets[set].kind == KILN_LAYER_MOE)
+		fill(p, p->hot_forms[set], n,
+		     static_cost(p, p->hot_costs, p->hot_actions[set], set, b), out);
+	else
+		fill(p, p->forms[set], n, static_cost(p, p->costs, p->actions[set], set, b), out);
+}
+
+int kiln_sim_policy_trigger(const kiln_sim_policy *p, double *out_multiple)
+{
+	if (p->kind != KILN_SIM_MINDSPEED)
+		return 0;
+	*out_multiple = KILN_SIM_MINDSPEED_TRIGGER;
+	return 1;
+}
+
 int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const uint64_t *buckets,
                                   int cold, int hot, double *out)
 {
@@ -975,7 +1202,7 @@ int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const u
 	 * layers hold: followed as an adaptive policy is. */
 	if (p->rt || !p->costs || p->kind == KILN_SIM_MEGATRON_PAGED_STASH)
 		return -1;
-	/* mindspeed-threshold's plan below 2x is its only plan elsewhere. */
+	/* Without a second plan, the one plan is the cold one. */
 	cold |= !p->hot_actions;
 	hot &= p->hot_actions != NULL;
 	int32_t nb =
@@ -990,6 +1217,11 @@ int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const u
 			co = static_cost(p, p->costs, p->actions[set], set, k);
 			ex = p->serial ? co->serial_us : co->exposed_us;
 			most = ex > most ? ex : most;
+			if (p->head_actions) {
+				co = static_cost(p, p->head_costs, p->head_actions[set], set, k);
+				ex = p->serial ? co->serial_us : co->exposed_us;
+				most = ex > most ? ex : most;
+			}
 		}
 		if (hot) {
 			co = static_cost(p, p->hot_costs, p->hot_actions[set], set, k);
@@ -1006,12 +1238,47 @@ int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *r
 {
 	if (p->rt || !p->forms || p->kind == KILN_SIM_MEGATRON_PAGED_STASH)
 		return -1;
-	const plan_form *f = p->forms[set], *h = p->hot_forms[set];
-	*res_base = f->res_base > h->res_base ? f->res_base : h->res_base;
-	*res_per_n = f->res_per_n > h->res_per_n ? f->res_per_n : h->res_per_n;
-	*tr_base = f->tr_base > h->tr_base ? f->tr_base : h->tr_base;
-	*tr_per_n = f->tr_per_n > h->tr_per_n ? f->tr_per_n : h->tr_per_n;
+	const plan_form *fs[3] = {p->forms[set], p->hot_forms[set], p->head_forms[set]};
+	*res_base = *res_per_n = *tr_base = *tr_per_n = 0;
+	/* Padded to capacity, a set's rows are the same at every load. */
+	const kiln_unit_set *S = &p->c->sets[set];
+	double pad = p->kind == KILN_SIM_MEGATRON_CAPACITY && S->kind == KILN_LAYER_MOE
+	                 ? p->cf * p->c->graph->layers[S->layer].n_balanced
+	                 : -1;
+	for (int j = 0; j < 3; j++) {
+		const plan_form *f = fs[j];
+		double rb = f->res_base, rn = f->res_per_n, tb = f->tr_base, tn = f->tr_per_n;
+		if (pad >= 0) {
+			/* Rounded up as fill() rounds a decision. */
+			rb = ceil(rb + rn * pad - 1e-6), rn = 0;
+			tb = ceil(tb + tn * pad - 1e-6), tn = 0;
+		}
+		*res_base = rb > *res_base ? rb : *res_base;
+		*res_per_n = rn > *res_per_n ? rn : *res_per_n;
+		*tr_base = tb > *tr_base ? tb : *tr_base;
+		*tr_per_n = tn > *tr_per_n ? tn : *tr_per_n;
+	}
 	return 0;
+}
+
+double kiln_sim_policy_rows(const kiln_sim_policy *p, int32_t set, double n)
+{
+	if (p->kind != KILN_SIM_MEGATRON_CAPACITY || set < 0)
+		return n;
+	const kiln_unit_set *S = &p->c->sets[set];
+	if (S->kind != KILN_LAYER_MOE)
+		return n;
+	return p->cf * p->c->graph->layers[S->layer].n_balanced;
+}
+
+const char *kiln_sim_policy_flags(const kiln_sim_policy *p)
+{
+	return p->flags;
+}
+
+double kiln_sim_policy_cf(const kiln_sim_policy *p)
+{
+	return p->kind == KILN_SIM_MEGATRON_CAPACITY ? p->cf : 0;
 }
 
 int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, double n, double *r)

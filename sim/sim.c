@@ -257,6 +257,7 @@ typedef struct scratch {
 	kiln_rt *acct;        /* mirror of the kiln policy's memory, or NULL */
 	kiln_progress *meter; /* the run's status line (decisions done), or NULL */
 	int64_t acct_checks, acct_mismatches;
+	double *experts; /* one sample's per-expert rows (ep * experts per rank) */
 } scratch;
 
 /* One group's iteration as every policy sees it: the loads, and per
@@ -270,16 +271,18 @@ typedef struct envelope {
 	 * policy needs them. */
 	const double *shares;
 	int32_t e;
+	const uint8_t *trig; /* per (i, k): a trigger policy's state (1: fired) */
 } envelope;
 
 /* The load buckets the ranks of one (micro-batch, MoE layer) take, as a
  * static policy's decision finds them (kiln_sim_policy_bucket), and
- * whether any is at most 2x (cold) and any above (hot). */
+ * whether a trigger policy's trigger is off there (cold) or fired (hot):
+ * the trigger is the EP group's, the same for every rank. */
 #define ROW_SLOTS 32
 typedef struct row_buckets {
 	uint64_t bits[KILN_SIM_MAX_BUCKETS / 64];
 	int cold, hot;
-	/* Per (bucket, above 2x) the ranks take, the largest factor among
+	/* Per (bucket, trigger) the ranks take, the largest factor among
 	 * them; n_slots -1 when more than ROW_SLOTS (the bits then stand). */
 	int32_t n_slots;
 	int32_t key[ROW_SLOTS];
@@ -288,8 +291,8 @@ typedef struct row_buckets {
 
 /* The largest factor and the buckets of every (micro-batch, MoE layer)
  * of micro-batches i0, i0 + step, ... */
-static void envelope_rows(const world *w, const double *loads, int32_t i0, int32_t step,
-                          double *top, row_buckets *rb)
+static void envelope_rows(const world *w, const double *loads, const uint8_t *trig, int32_t i0,
+                          int32_t step, double *top, row_buckets *rb)
 {
 	for (int32_t i = i0; i < w->m; i += step)
 		for (int32_t k = 0; k < w->n_moe; k++) {
@@ -302,15 +305,17 @@ static void envelope_rows(const world *w, const double *loads, int32_t i0, int32
 			row_buckets *b = &rb[at];
 			memset(b, 0, sizeof *b);
 			int32_t set = w->moe_set[k];
+			int hot = trig ? trig[at] : 0;
 			for (int32_t r = 0; r < w->ep && set >= 0; r++) {
 				/* n as run_rank computes it, then as the policy does. */
 				double f, n = v[r] * w->moe_nbal[k];
 				int32_t x = kiln_sim_policy_bucket(w->c, set, n, &f);
 				x = x < KILN_SIM_MAX_BUCKETS ? x : KILN_SIM_MAX_BUCKETS - 1;
 				b->bits[x / 64] |= (uint64_t)1 << (x % 64);
-				b->cold |= !(f > 2.0);
-				b->hot |= f > 2.0;
-				int32_t key = 2 * x + (f > 2.0), j = 0;
+				(void)f;
+				b->cold |= !hot;
+				b->hot |= hot;
+				int32_t key = 2 * x + hot, j = 0;
 				while (j < b->n_slots && b->key[j] != key)
 					j++;
 				if (j < b->n_slots) {
@@ -340,6 +345,8 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
                      scratch *sc)
 {
 	const kiln_hardware *hw = &w->c->model->hw;
+	double multiple;
+	int triggered = kiln_sim_policy_trigger(pol, &multiple) && env->trig;
 	for (int32_t s = s0; s < s1; s++) {
 		const stage_info *si = &w->stages[s];
 		/* megatron-paged-stash's first attempt: the stage's CUDA pages
@@ -381,13 +388,18 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 				const layer_info *li = &si->layers[l];
 				double r = 1;
 				const row_buckets *rb = NULL;
+				int fired = -1; /* a trigger policy's state at an MoE layer */
 				if (li->moe_index >= 0) {
 					size_t at = (size_t)i * w->n_moe + li->moe_index;
 					r = rank >= 0 ? env->loads[at * w->ep + rank]
 					              : env->top[at];
 					rb = &env->rb[at];
+					fired = triggered ? env->trig[at] : -1;
 				}
-				double n = r * li->n_bal, f = 0, b = 0;
+				/* The rows the experts process (megatron-capacity:
+				 * padded to capacity). */
+				double n = kiln_sim_policy_rows(pol, li->set, r * li->n_bal), f = 0,
+				       b = 0;
 				if (timed) {
 					f = interp(li->fwd, li->n_max, n);
 					b = interp(li->bwd, li->n_max, n);
@@ -395,8 +407,13 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 				if (li->set >= 0) {
 					kiln_sim_choice ch;
 					double free_b = si->capacity - stat - others - cur;
-					kiln_sim_policy_decide(pol, li->set, li->model_layer, n, free_b, pending,
-					                       (uint32_t)i, cur, &ch);
+					if (fired >= 0)
+						kiln_sim_policy_decide_triggered(pol, li->set, n,
+						                                 fired, &ch);
+					else
+						kiln_sim_policy_decide(
+						    pol, li->set, li->model_layer, n, free_b,
+						    pending, (uint32_t)i, cur, &ch);
 					double bound;
 					if (rank < 0 && rb && rb->n_slots > 0) {
 						/* A static policy's layer time depends on the
@@ -408,13 +425,19 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 						 * of both). */
 						double bf = -1, bb = -1;
 						for (int32_t j = 0; j < rb->n_slots; j++) {
-							double nj = rb->top[j] * li->n_bal;
+							double nj = kiln_sim_policy_rows(
+							    pol, li->set, rb->top[j] * li->n_bal);
 							double fj = interp(li->fwd, li->n_max, nj);
 							double bj = interp(li->bwd, li->n_max, nj);
 							kiln_sim_choice cj;
-							kiln_sim_policy_decide(
-							    pol, li->set, li->model_layer, nj,
-							    free_b, pending, (uint32_t)i, cur, &cj);
+							if (fired >= 0)
+								kiln_sim_policy_decide_triggered(
+								    pol, li->set, nj, fired, &cj);
+							else
+								kiln_sim_policy_decide(
+								    pol, li->set, li->model_layer,
+								    nj, free_b, pending,
+								    (uint32_t)i, cur, &cj);
 							bj += cj.exposed_us;
 							if (fj + bj > bf + bb) {
 								bf = fj, bb = bj, ch = cj;
@@ -543,6 +566,13 @@ typedef struct run {
 	double *sum_n, *max_n;
 	double *sum_n3, *max_n3; /* the same over w3's stages */
 	int any_static; /* the statistical method runs a static policy: needs rb, sum_n, max_n */
+	/* A trigger policy (mindspeed; at most one: each policy runs once):
+	 * its index (-1 without), the multiple of the balanced per-expert rows
+	 * it fires above, and per (micro-batch, MoE layer) of this group's
+	 * iteration whether it fired. */
+	int32_t trig_policy;
+	double trig_multiple;
+	uint8_t *trig;
 	/* The statistical method's ranks: one of each distinct load column
 	 * (its lowest rank), and how many ranks share it; hashed in slots. */
 	int32_t *uniq, n_uniq, *slots;
@@ -557,12 +587,13 @@ typedef struct run {
 	/* Per policy, this iteration: the slowest group's time, whether a
 	 * device ran out of memory, the exposed recompute and copies. */
 	double worst[64], rec[64], copy[64];
+	double routed[64], dropped[64]; /* megatron-capacity: expert rows routed and dropped */
 	int oom[64];
 	/* megatron-paged-stash, this iteration: the rerun's slowest group,
 	 * failure, exposed times and peaks (per policy, p stages each), and
 	 * the first attempt's triggers and the most any device spilled. */
 	double worst2[64], rec2[64], copy2[64], spilled[64];
-	int oom2[64], overflow[64], dropped[64];
+	int oom2[64], overflow[64], over_budget2[64];
 	double *peak2;
 	double *iter_sum, *since_ckpt;
 	int32_t order[64]; /* the policies in the order the threads take them */
@@ -632,9 +663,60 @@ static void stage_sums(const world *sw, const double *loads, int32_t i0, int32_t
 		}
 }
 
+/* The largest expert's rows in sample (it, i, k) of group g, each rank's
+ * experts scaled as sample_share clamps the rank's factor. experts holds
+ * ep * experts_per_rank rows. */
+static double largest_expert(const run *r, double *experts, int64_t it, int32_t i, int32_t k,
+                             int32_t g)
+{
+	const world *w = r->w;
+	int32_t e = w->shape.experts_per_rank > 0 ? w->shape.experts_per_rank : 1;
+	double bal = (double)w->shape.tokens * w->shape.top_k / w->ep, most = 0;
+	kiln_load_sample_experts(r->cfg->loads, &w->shape, r->cfg->seed, it, i, k, g, experts);
+	for (int32_t x = 0; x < w->ep; x++) {
+		const double *v = &experts[(size_t)x * (size_t)e];
+		double sum = 0, top = 0;
+		for (int32_t j = 0; j < e; j++) {
+			sum += v[j];
+			top = v[j] > top ? v[j] : top;
+		}
+		double f = bal > 0 ? sum / bal : 1;
+		if (f > w->r_max)
+			top *= w->r_max / f;
+		most = top > most ? top : most;
+	}
+	return most;
+}
+
+/* A trigger policy's state at micro-batch i and MoE layer k of group g in
+ * iteration it: MindSpeed decides before the layer's forward from the
+ * per-expert counts its token dispatcher kept from the layer's previous
+ * forward (mindspeed/core/transformer/moe/moe_layer.py:141-145,
+ * token_dispatcher.py:56-62 at 2.1.0_core_r0.8.0), that of micro-batch
+ * i - 1, or for the first micro-batch the previous iteration's last
+ * (after a failure too: the restart replays the iterations since the
+ * checkpoint, failed one included, before the next); none before the
+ * run's first forward, which fires (the counts are None). The counts are
+ * the EP group's, gathered, so every rank of the group decides alike. */
+static uint8_t trigger_at(const run *r, double *experts, int64_t it, int32_t i, int32_t k,
+                          int32_t g)
+{
+	const world *w = r->w;
+	int32_t e = w->shape.experts_per_rank > 0 ? w->shape.experts_per_rank : 1;
+	double per_expert = (double)w->shape.tokens * w->shape.top_k / w->ep / e;
+	double prev;
+	if (i > 0)
+		prev = largest_expert(r, experts, it, i - 1, k, g);
+	else if (it > 0)
+		prev = largest_expert(r, experts, it - 1, w->m - 1, k, g);
+	else
+		return 1;
+	return prev > r->trig_multiple * per_expert;
+}
+
 /* This thread's share of group g's loads in iteration it, and their
  * envelope. */
-static void sample_share(run *r, int32_t t, int64_t it, int32_t g)
+static void sample_share(run *r, int32_t t, int64_t it, int32_t g, double *experts)
 {
 	const world *w = r->w;
 	const kiln_sim_config *cfg = r->cfg;
@@ -653,9 +735,14 @@ static void sample_share(run *r, int32_t t, int64_t it, int32_t g)
 			for (int32_t x = 0; x < w->ep; x++)
 				v[x] = v[x] >= 0 ? (v[x] < w->r_max ? v[x] : w->r_max) : 0;
 		}
+	for (int32_t i = t; r->trig_policy >= 0 && i < w->m; i += r->threads)
+		for (int32_t k = 0; k < w->n_moe; k++)
+			r->trig[(size_t)i * w->n_moe + k] =
+			    cfg->c->model->moe ? trigger_at(r, experts, it, i, k, g) : 0;
 	if (!r->any_static)
 		return;
-	envelope_rows(w, r->loads, t, r->threads, r->top, r->rb);
+	envelope_rows(w, r->loads, r->trig_policy >= 0 ? r->trig : NULL, t, r->threads, r->top,
+	              r->rb);
 	stage_sums(w, r->loads, t, r->threads, r->sum_n, r->max_n);
 	if (r->w3)
 		stage_sums(r->w3, r->loads, t, r->threads, r->sum_n3, r->max_n3);
@@ -826,9 +913,9 @@ static void distinct_ranks(run *r)
 }
 
 /* Policy k (its policy object pol: megatron-paged-stash's rerun for the
- * second attempt, second 1) through one group's iteration it. Returns -1
+ * second attempt, second 1) through group g's iteration it. Returns -1
  * when the pipeline failed to simulate. */
-static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, int64_t it,
+static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, int64_t it, int32_t g,
                    scratch *sc)
 {
 	const kiln_sim_config *cfg = r->cfg;
@@ -837,8 +924,12 @@ static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, in
 	if (r->policies[k] == KILN_SIM_ADAPIPE && r->w3)
 		pw = r->w3; /* on its own partition: its own stages and their times */
 	kiln_sim_result *out = &r->out[k];
-	envelope env = {
-	    .loads = r->loads, .top = r->top, .rb = r->rb, .shares = r->shares, .e = r->e};
+	envelope env = {.loads = r->loads,
+	                .top = r->top,
+	                .rb = r->rb,
+	                .shares = r->shares,
+	                .e = r->e,
+	                .trig = k == r->trig_policy ? r->trig : NULL};
 	memset(sc->layer_f, 0, sizeof(double) * sc->n_lay);
 	memset(sc->layer_b, 0, sizeof(double) * sc->n_lay);
 	memset(sc->peak, 0, sizeof(double) * (size_t)w->p);
@@ -940,10 +1031,39 @@ static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, in
 		out->n_last_ops = (int32_t)n_ops;
 	}
 	kiln_arena_free(pa);
+	/* megatron-capacity: every expert's routed rows against its
+	 * capacity, cf times its balanced rows tokens * top_k / experts
+	 * (moe_utils.py:248-266), each rank's experts scaled as sample_share
+	 * clamps the rank's factor. */
+	double cf = kiln_sim_policy_cf(r->pols[k]);
+	if (cf > 0 && cfg->c->model->moe) {
+		int32_t e = w->shape.experts_per_rank > 0 ? w->shape.experts_per_rank : 1;
+		double bal = (double)w->shape.tokens * w->shape.top_k / w->ep;
+		for (int32_t i = 0; i < w->m; i++)
+			for (int32_t x = 0; x < w->n_moe; x++) {
+				kiln_load_sample_experts(cfg->loads, &w->shape, cfg->seed, it, i, x,
+				                         g, sc->experts);
+				for (int32_t q = 0; q < w->ep; q++) {
+					double *v = &sc->experts[(size_t)q * (size_t)e], sum = 0;
+					for (int32_t j = 0; j < e; j++)
+						sum += v[j];
+					double f = bal > 0 ? sum / bal : 1;
+					for (int32_t j = 0; f > w->r_max && j < e; j++)
+						v[j] *= w->r_max / f;
+				}
+				double kept, drop;
+				kiln_sim_capacity_drop(sc->experts, w->ep * e, cf * bal / e, &kept,
+				                       &drop);
+				r->routed[k] += kept + drop;
+				r->dropped[k] += drop;
+			}
+	}
 	r->oom[k] |= sc->oom;
 	r->overflow[k] |= sc->stash_overflow;
-	r->dropped[k] |= sc->stash_over_budget;
+	r->over_budget2[k] |= sc->stash_over_budget;
 	r->spilled[k] = sc->spilled > r->spilled[k] ? sc->spilled : r->spilled[k];
+	for (size_t x = 0; k == r->trig_policy && x < (size_t)w->m * (size_t)w->n_moe; x++)
+		out->triggered += r->trig[x];
 	out->over_budget += sc->over_budget;
 	out->acct_checks += sc->acct_checks;
 	out->acct_mismatches += sc->acct_mismatches;
@@ -955,12 +1075,12 @@ static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, in
  * its first attempt and its dropless rerun (whether the rerun happens is
  * known once every group has run: end_iteration). Returns -1 when the
  * pipeline failed to simulate. */
-static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
+static int run_policy(run *r, int32_t k, int64_t it, int32_t g, scratch *sc)
 {
-	if (attempt(r, k, r->pols[k], 0, it, sc) != 0)
+	if (attempt(r, k, r->pols[k], 0, it, g, sc) != 0)
 		return -1;
 	const kiln_sim_policy *again = kiln_sim_policy_rerun(r->pols[k]);
-	return again ? attempt(r, k, again, 1, it, sc) : 0;
+	return again ? attempt(r, k, again, 1, it, g, sc) : 0;
 }
 
 /* The end of iteration it: its time, restarts, checkpoints, progress. */
@@ -976,9 +1096,9 @@ static void end_iteration(run *r, int64_t it)
 		 * rerun the whole step once, dropless and without the stash; a
 		 * device out of memory in the first attempt fails before that
 		 * (docs/simulator.md, "The paged stash"). */
-		int again = !r->oom[k] && (r->overflow[k] || r->dropped[k]);
+		int again = !r->oom[k] && (r->overflow[k] || r->over_budget2[k]);
 		out->stash_overflows += r->overflow[k] != 0;
-		out->stash_over_budget += r->dropped[k] != 0;
+		out->stash_over_budget += r->over_budget2[k] != 0;
 		out->spilled_bytes += r->spilled[k];
 		if (again) {
 			out->reruns++;
@@ -1023,7 +1143,7 @@ static void *work(void *arg)
 		return NULL;
 	for (int64_t it = 0; it < r->cfg->iterations; it++) {
 		for (int32_t g = 0; g < r->groups; g++) {
-			sample_share(r, wk->t, it, g);
+			sample_share(r, wk->t, it, g, wk->sc.experts);
 			pthread_barrier_wait(&r->phase);
 			if (wk->t == 0) {
 				if (g == 0)
@@ -1031,7 +1151,7 @@ static void *work(void *arg)
 						r->worst[k] = 0, r->oom[k] = 0, r->rec[k] = r->copy[k] = 0;
 						r->worst2[k] = 0, r->oom2[k] = 0;
 						r->rec2[k] = r->copy2[k] = 0;
-						r->overflow[k] = r->dropped[k] = 0;
+						r->overflow[k] = r->over_budget2[k] = 0;
 						r->spilled[k] = 0;
 						for (int32_t s = 0; s < r->w->p; s++)
 							r->peak2[(size_t)k * (size_t)r->w->p +
@@ -1043,7 +1163,7 @@ static void *work(void *arg)
 			}
 			pthread_barrier_wait(&r->phase);
 			for (int32_t x; (x = atomic_fetch_add(&r->next, 1)) < r->n;)
-				if (run_policy(r, r->order[x], it, &wk->sc) != 0)
+				if (run_policy(r, r->order[x], it, g, &wk->sc) != 0)
 					atomic_store(&r->failed, 1);
 			pthread_barrier_wait(&r->phase);
 			if (atomic_load(&r->failed))
@@ -1069,9 +1189,13 @@ static int scratch_new(const world *w, size_t n_lay, scratch *sc)
 	    .order = calloc((size_t)w->ep, sizeof(ranked)),
 	    .st_cuda = calloc((size_t)w->m, sizeof(int64_t)),
 	    .st_host = calloc((size_t)w->m, sizeof(int64_t)),
+	    .experts =
+	        calloc((size_t)w->ep *
+	                   (size_t)(w->shape.experts_per_rank > 0 ? w->shape.experts_per_rank : 1),
+	               sizeof(double)),
 	};
 	return sc->fwd && sc->bwd && sc->layer_f && sc->layer_b && sc->held && sc->peak &&
-	               sc->bound && sc->order && sc->st_cuda && sc->st_host
+	               sc->bound && sc->order && sc->st_cuda && sc->st_host && sc->experts
 	           ? 0
 	           : -1;
 }
@@ -1088,6 +1212,7 @@ static void scratch_free(scratch *sc)
 	free(sc->order);
 	free(sc->st_cuda);
 	free(sc->st_host);
+	free(sc->experts);
 }
 
 /* The threads a run of n policies takes (kiln_sim_config.threads). */
@@ -1140,10 +1265,12 @@ int kiln_sim_cost_estimate(const kiln_sim_config *cfg, int32_t n, kiln_sim_cost 
 	 * and one schedule being timed (ops and their positions); the loads
 	 * and their envelope; per policy the last iteration's schedule. */
 	double ops = 2 * p * v * mb;
+	double e = m->moe && m->ep > 0 ? (double)(m->experts / m->ep) : 1;
 	double per_thread = 2 * 8 * p * v * mb + 2 * 8 * p * mb * 2 * most + 8 * mb +
-	                    ops * (double)(sizeof(kiln_pipe_op) + sizeof(int32_t));
+	                    ops * (double)(sizeof(kiln_pipe_op) + sizeof(int32_t)) +
+	                    8 * ep * (e > 1 ? e : 1); /* one sample's per-expert rows */
 	double rows = mb * (n_moe > 0 ? n_moe : 1);
-	out->bytes = out->threads * per_thread + rows * (8 * ep + 12) +
+	out->bytes = out->threads * per_thread + rows * (8 * ep + 13) +
 	             n * ops * (double)sizeof(kiln_pipe_op);
 	return 0;
 }
@@ -1213,6 +1340,7 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	         .gate = PTHREAD_MUTEX_INITIALIZER,
 	         .opened = PTHREAD_COND_INITIALIZER};
 	r.groups = cfg->max_groups > 0 && cfg->max_groups < w.groups ? cfg->max_groups : w.groups;
+	r.trig_policy = -1;
 	for (int32_t k = 0; k < n; k++)
 		r.any_static |= !cfg->exact && policies[k] != KILN_SIM_KILN &&
 		                policies[k] != KILN_SIM_KILN_NO_OFFLOAD &&
@@ -1246,6 +1374,7 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 		any_stash |= policies[k] == KILN_SIM_MEGATRON_PAGED_STASH;
 	r.e = w.shape.experts_per_rank > 0 ? w.shape.experts_per_rank : 1;
 	r.shares = any_stash ? calloc(n_loads * (size_t)r.e, sizeof(double)) : NULL;
+	r.trig = calloc(n_rows, 1);
 	size_t n_sums = (size_t)w.p * (size_t)w.m * (size_t)w.ep;
 	r.sum_n = malloc(sizeof(double) * n_sums);
 	r.max_n = malloc(sizeof(double) * n_sums);
@@ -1286,10 +1415,10 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	r.peak2 = calloc((size_t)n * (size_t)w.p, sizeof(double));
 	r.since_ckpt = calloc((size_t)n, sizeof(double));
 	int rc = -1, started = 0, barrier = 0;
-	int ok = r.loads && r.top && r.rb && (r.shares || !any_stash) && r.sum_n && r.max_n &&
-	         (!r.w3 || (r.sum_n3 && r.max_n3)) && r.slots && r.uniq && r.weight && r.uniq_s &&
-	         r.weight_s && r.n_uniq_s && r.stage_rows && r.all_rows && r.stage_begin &&
-	         r.pols && r.ops && r.iter_sum && r.since_ckpt && r.peak2;
+	int ok = r.loads && r.top && r.rb && r.trig && (r.shares || !any_stash) && r.sum_n &&
+	         r.max_n && (!r.w3 || (r.sum_n3 && r.max_n3)) && r.slots && r.uniq && r.weight &&
+	         r.uniq_s && r.weight_s && r.n_uniq_s && r.stage_rows && r.all_rows &&
+	         r.stage_begin && r.pols && r.ops && r.iter_sum && r.since_ckpt && r.peak2;
 	for (int32_t t = 0; t < threads && ok; t++)
 		ok = scratch_new(&w, n_lay, &wks[t].sc) == 0;
 	if (!ok) {
@@ -1306,17 +1435,21 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 			fprintf(err, "kilnc: error: simulate: kiln:no-offload needs its compilation\n");
 			goto out;
 		}
-		if (kiln_sim_policy_new_stash(policies[k], pc,
-		                              no_off ? cfg->rt_no_offload : cfg->rt, cfg->stash, a,
-		                              err, &r.pols[k]) != 0)
+		if (kiln_sim_policy_new_stash(
+		        policies[k], pc, no_off ? cfg->rt_no_offload : cfg->rt,
+		        cfg->capacity_factor, cfg->stash, a, err, &r.pols[k]) != 0)
 			goto out;
-		out[k] = (kiln_sim_result){.policy = policies[k], .n_stages = w.p};
+		out[k] = (kiln_sim_result){.policy = policies[k],
+		                           .n_stages = w.p,
+		                           .flags = kiln_sim_policy_flags(r.pols[k])};
 		out[k].recipe = kiln_sim_policy_recipe(r.pols[k], &out[k].recipe_fits);
 		out[k].peak_bytes = kiln_arena_alloc(a, sizeof(double) * (size_t)w.p);
 		if (!out[k].peak_bytes)
 			goto out;
 		/* The arena is not for threads: the schedule's room now. */
 		r.ops[k] = kiln_arena_alloc(a, sizeof(kiln_pipe_op) * n_ops);
+		if (kiln_sim_policy_trigger(r.pols[k], &r.trig_multiple))
+			r.trig_policy = k;
 	}
 	kiln_sim_cost cost;
 	int32_t n_cost = n; /* megatron-paged-stash costs two: its rerun */
@@ -1363,6 +1496,7 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 		 * rate the rest does (docs/simulator.md). */
 		double busy = r.iter_sum[k] > 0 ? res->recompute_s / r.iter_sum[k] : 0;
 		res->hfu = res->mfu * (1 + busy);
+		res->dropped_fraction = r.routed[k] > 0 ? r.dropped[k] / r.routed[k] : 0;
 	}
 	rc = 0;
 out:
@@ -1381,6 +1515,7 @@ out:
 	free(r.shares);
 	free(r.top);
 	free(r.rb);
+	free(r.trig);
 	free(r.sum_n);
 	free(r.max_n);
 	free(r.sum_n3);

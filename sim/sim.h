@@ -254,13 +254,17 @@ double kiln_pipe_peak_bytes(const kiln_pipe_work *w, const kiln_pipe_result *r, 
 	X(UNBOUNDED, "unbounded", "infinite memory, everything kept: the upper bound")             \
 	X(FULL_RECOMPUTE, "full-recompute",                                                        \
 	  "Megatron --recompute-granularity full --recompute-method uniform")                      \
-	X(MEGATRON_SELECTIVE, "megatron-selective",                                                \
-	  "Megatron-Core --recompute-modules and activation offloading, static, for load 1")       \
+	X(MEGATRON, "megatron",                                                                    \
+	  "Megatron-Core: the description's recipe, else the best static recipe at load 1.2")      \
+	X(MEGATRON_CAPACITY, "megatron-capacity",                                                  \
+	  "Megatron-Core token dropping at an expert capacity factor, padded to capacity")         \
 	X(STATIC_AGGRESSIVE, "static-aggressive", "keep nearly everything, static")                \
 	X(ADAPIPE, "adapipe",                                                                      \
 	  "AdaPipe (ASPLOS'24): stage partition and per-stage recompute by DP at load 1.2")        \
-	X(MINDSPEED, "mindspeed-threshold",                                                        \
-	  "MindSpeed-style: recompute expert activations when a layer's load exceeds 2x")          \
+	X(MINDSPEED, "mindspeed",                                                                  \
+	  "MindSpeed 2.1.0_core_r0.8.0 (1e898a29) --moe-adaptive-recompute-activation: the "       \
+	  "whole MoE layer checkpointed when the previous forward's largest expert exceeded 2x "   \
+	  "the balanced per-expert count; with --recompute-activation-function --recompute-norm")  \
 	X(MEGATRON_PAGED_STASH, "megatron-paged-stash",                                            \
 	  "Megatron-Core --moe-paged-stash --moe-expert-rank-capacity-factor 1.5 "                 \
 	  "--moe-paged-stash-buffer-size-factor-cuda 1.2 "                                         \
@@ -284,8 +288,16 @@ typedef enum {
 
 const char *kiln_sim_policy_name(kiln_sim_policy_kind k);
 const char *kiln_sim_policy_models(kiln_sim_policy_kind k);
-/* The policy named s, or -1. */
+/* The policy named s, or -1. "megatron-selective" is an alias of
+ * "megatron" (whose search covers every module set it tried), and
+ * "megatron-capacity:CF" names megatron-capacity at capacity factor CF
+ * (a number in (0, 64]), stored in *out_cf when out_cf is set; without
+ * ":CF", *out_cf is 0 (the default: the description's factor, else 1). */
 int kiln_sim_policy_parse(const char *s);
+int kiln_sim_policy_parse_cf(const char *s, double *out_cf);
+/* The capacity factor megatron-capacity runs at: cf when positive, else
+ * the description's moe_expert_capacity_factor, else 1. */
+double kiln_sim_capacity_factor(const kiln_model *m, double cf);
 
 /* What one layer's decision costs one device for one micro-batch. */
 typedef struct kiln_sim_choice {
@@ -305,9 +317,28 @@ typedef struct kiln_sim_policy kiln_sim_policy;
  * blob). Precomputes static plans' exposed times per load bucket.
  * Arena-owned; release caches with kiln_sim_policy_free. Returns 0, or -1
  * with a message on err. */
-int kiln_sim_policy_new(kiln_sim_policy_kind k, const struct kiln_compilation *c,
-                        const kiln_rt *rt, kiln_arena *a, FILE *err, kiln_sim_policy **out);
+int kiln_sim_policy_new(kiln_sim_policy_kind k, const struct kiln_compilation *c, const kiln_rt *rt,
+                        double capacity_factor, kiln_arena *a, FILE *err, kiln_sim_policy **out);
 void kiln_sim_policy_free(kiln_sim_policy *p);
+
+/* mindspeed's trigger: the whole MoE layer is checkpointed when the
+ * previous forward's largest per-expert count exceeded this multiple of
+ * the balanced per-expert count (docs/simulator.md, "Policies"). */
+#define KILN_SIM_MINDSPEED_TRIGGER 2.0
+
+/* Whether policy p decides by a trigger on the previous forward's per-
+ * expert counts (mindspeed), and then the multiple of the balanced
+ * per-expert rows it fires above into *out_multiple. The simulator keeps
+ * the trigger's state (sim.c) and decides its MoE layers through
+ * kiln_sim_policy_decide_triggered. Returns 1 or 0. */
+int kiln_sim_policy_trigger(const kiln_sim_policy *p, double *out_multiple);
+
+/* A triggered policy's decision for unit set `set` at n local expert rows,
+ * with its trigger fired (triggered 1: the whole MoE layer recomputed) or
+ * not (its selective plan); dense sets always take the latter. Like
+ * kiln_sim_policy_decide, it ignores free memory. */
+void kiln_sim_policy_decide_triggered(const kiln_sim_policy *p, int32_t set, double n,
+                                      int triggered, kiln_sim_choice *out);
 
 /* One decision: unit set `set` of the compilation (model layer `layer`) at
  * n local expert rows, with free_bytes free on the device, pending
@@ -324,7 +355,7 @@ int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, do
 
 /* For a static policy: the two lines of its plan's bytes for unit set
  * `set`, base + per_n * n for what it keeps (resident) and for its backward
- * transient, each the larger over its plans (mindspeed-threshold has two);
+ * transient, each the larger over its plans (mindspeed has two);
  * every decision of set at n rows keeps at most res_base + res_per_n * n
  * plus one byte of rounding, and likewise for the transient. Returns 0, or
  * -1 for an adaptive policy. */
@@ -395,8 +426,9 @@ int64_t kiln_sim_stash_pages(const kiln_sim_stash *st, double padded_rows);
  * KILN_SIM_STASH_DEFAULTS; other policies ignore them). Bad flags are an
  * error on err. */
 int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const struct kiln_compilation *c,
-                              const kiln_rt *rt, const kiln_sim_stash_flags *flags, kiln_arena *a,
-                              FILE *err, kiln_sim_policy **out);
+                              const kiln_rt *rt, double capacity_factor,
+                              const kiln_sim_stash_flags *flags, kiln_arena *a, FILE *err,
+                              kiln_sim_policy **out);
 
 /* megatron-paged-stash: the Megatron recompute flags its recipe runs
  * beside the stash (as a command line carries them, "no recompute" for
@@ -431,6 +463,24 @@ double kiln_sim_stash_place(const kiln_sim_stash *st, const kiln_hardware *hw, d
  * capacity (dropless), every unit at its actual rows; NULL for every other
  * policy. Owned by p. */
 const kiln_sim_policy *kiln_sim_policy_rerun(const kiln_sim_policy *p);
+/* The expert rows a rank of unit set `set` processes when n are routed to
+ * it: megatron-capacity pads every expert to its capacity, so cf times the
+ * balanced rows whatever the load (moe_utils.py:1019-1077,
+ * apply_capacity with pad_to_capacity); n for every other policy. */
+double kiln_sim_policy_rows(const kiln_sim_policy *p, int32_t set, double n);
+/* megatron's and megatron-capacity's recipe as Megatron command-line
+ * flags (policy-owned); NULL for every other policy. */
+const char *kiln_sim_policy_flags(const kiln_sim_policy *p);
+/* megatron-capacity's capacity factor; 0 for every other policy. */
+double kiln_sim_policy_cf(const kiln_sim_policy *p);
+
+/* Token dropping over n_experts experts holding rows[0 .. n_experts)
+ * routed rows each, against a capacity of capacity_rows per expert (cf
+ * times the balanced rows tokens * top_k / experts, Megatron's
+ * get_capacity, moe_utils.py:248-266): the rows kept and dropped, summed
+ * (kept + dropped = the routed rows). */
+void kiln_sim_capacity_drop(const double *rows, int32_t n_experts, double capacity_rows,
+                            double *out_kept, double *out_dropped);
 
 /* Buckets a bucket set (kiln_sim_policy_exposed_bound) can name: every
  * compilation has at most this many (passes/plan.c). */
@@ -440,8 +490,8 @@ const kiln_sim_policy *kiln_sim_policy_rerun(const kiln_sim_policy *p);
  * the runtime): *out is the largest exposed time (serial time for the
  * serial ablation) of its decision for unit set `set` over the load
  * buckets in the bitset `buckets` (bucket k is bit k % 64 of word k / 64,
- * KILN_SIM_MAX_BUCKETS bits), taking mindspeed-threshold's plan below 2x
- * when cold and its plan above 2x when hot. It does not depend on free
+ * KILN_SIM_MAX_BUCKETS bits), taking mindspeed's untriggered plan when cold
+ * and its triggered plan when hot. It does not depend on free
  * memory, so it is at least the exposed time of every decision at a load
  * in those buckets. The statistical method times a layer by it
  * (docs/simulator.md, "Scale"). Returns 0, or -1 for an adaptive policy (no
@@ -477,6 +527,9 @@ typedef struct kiln_sim_config {
 	kiln_rt *acct_rt;
 	/* megatron-paged-stash's flags; NULL: KILN_SIM_STASH_DEFAULTS. */
 	const kiln_sim_stash_flags *stash;
+	/* megatron-capacity's capacity factor (0: the description's, else 1;
+	 * kiln_sim_capacity_factor). */
+	double capacity_factor;
 } kiln_sim_config;
 
 typedef struct kiln_sim_result {
@@ -503,6 +556,12 @@ typedef struct kiln_sim_result {
 	double spilled_bytes;
 	const char *recipe; /* kiln_sim_policy_recipe, or NULL */
 	int recipe_fits;
+	double dropped_fraction; /* routed expert rows dropped over routed (megatron-capacity;
+	                            0 for every other policy) */
+	const char *flags;       /* megatron, megatron-capacity: the recipe's Megatron flags
+	                            (arena-owned); NULL otherwise */
+	int64_t triggered;       /* mindspeed: (group, micro-batch, MoE layer) forwards its
+	                            trigger checkpointed, over all iterations */
 	int64_t acct_checks, acct_mismatches; /* with cfg->acct_rt, for kiln */
 	double *peak_bytes;      /* per stage: the largest device memory seen */
 	int32_t n_stages;

@@ -286,10 +286,10 @@ Test(progress, compile_beyond_the_cost_bound_is_refused, .timeout = 60)
 }
 
 /* --iters 100000000 of every policy on tiny: 10^8 iterations x 1 EP group
- * (dp 4 * tp 1 / ep 4) x 11 policies x 10 layers (8 and the embedding and
- * head) x 4 micro-batches x 5 ranks followed (the envelope and min(4, ep)
- * candidates) = 2.2e11 layer decisions, over 1e10: a usage error at once,
- * with the --iters that fits (1e10 / 2,200 per iteration = 4,545,454).
+ * (dp 4 * tp 1 / ep 4) x 14 policy passes (13 policies, megatron-paged-stash twice) x 10 layers (8
+ * and the embedding and head) x 4 micro-batches x 5 ranks followed (the envelope and min(4, ep)
+ * candidates) = 2.8e11 layer decisions, over 1e10: a usage error at once,
+ * with the --iters that fits (1e10 / 2,800 per iteration = 3,571,428).
  * Before, it ran for days. */
 Test(progress, simulate_beyond_the_decision_bound_is_refused, .timeout = 60)
 {
@@ -298,15 +298,15 @@ Test(progress, simulate_beyond_the_decision_bound_is_refused, .timeout = 60)
 	                                          "--policy", "all", "--iters", "100000000", NULL},
 	                    NULL);
 	cr_expect_eq(r.status, 2, "%s", r.err);
-	/* 12 policies, megatron-paged-stash counted twice (its rerun): 13;
-	 * 1e8 * 13 * 10 * 4 * 5 = 2.6e11, and 1e10 / 2600 = 3846153.8. */
+	/* 13 policies, megatron-paged-stash counted twice (its rerun): 14;
+	 * 1e8 * 14 * 10 * 4 * 5 = 2.8e11, and 1e10 / 2800 = 3571428.6. */
 	cr_expect_not_null(strstr(r.err,
 	                          "kilnc: error: simulate: 100000000 iterations x 1 EP groups "
-	                          "x 13 policies x 10 layers x 4 micro-batches x 5 ranks "
-	                          "followed = 2.6e+11 layer decisions"),
+	                          "x 14 policies x 10 layers x 4 micro-batches x 5 ranks "
+	                          "followed = 2.8e+11 layer decisions"),
 	                   "%s", r.err);
 	cr_expect_not_null(strstr(r.err, "over the limit of 1e+10"), "%s", r.err);
-	cr_expect_not_null(strstr(r.err, "kilnc: note: use --iters 3846153 or fewer"), "%s", r.err);
+	cr_expect_not_null(strstr(r.err, "kilnc: note: use --iters 3571428 or fewer"), "%s", r.err);
 	cr_expect_eq(r.out_len, 0, "%s", r.out);
 	cr_expect_lt(now_s() - t0, 20.0);
 	kt_run_free(&r);

@@ -110,7 +110,7 @@ Test(sim_stash, buffers_are_sized_as_megatron_sizes_them)
 	big_tiny_setup(&t);
 	kiln_sim_policy *p;
 	cr_assert_eq(
-	    kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, t.a, stderr, &p), 0);
+	    kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, 0, t.a, stderr, &p), 0);
 	static const int64_t cuda[2] = {58, 39}, host[2] = {48, 32};
 	for (int32_t s = 0; s < 2; s++) {
 		kiln_sim_stash st;
@@ -137,8 +137,8 @@ Test(sim_stash, buffers_are_sized_as_megatron_sizes_them)
 	kiln_sim_stash st;
 	cr_expect_eq(kiln_sim_policy_stash(kiln_sim_policy_rerun(p), 0, &st), -1);
 	kiln_sim_policy *q;
-	cr_assert_eq(kiln_sim_policy_new(KILN_SIM_STATIC_AGGRESSIVE, &t.c, NULL, t.a, stderr, &q),
-	             0);
+	cr_assert_eq(
+	    kiln_sim_policy_new(KILN_SIM_STATIC_AGGRESSIVE, &t.c, NULL, 0, t.a, stderr, &q), 0);
 	cr_expect_eq(kiln_sim_policy_stash(q, 0, &st), -1);
 	cr_expect_null(kiln_sim_policy_rerun(q));
 	cr_expect_null(kiln_sim_policy_recipe(q, NULL));
@@ -160,7 +160,7 @@ Test(sim_stash, recipe_fits_where_it_says_it_does, .timeout = 120)
 	kiln_arena *a = kiln_arena_new();
 	cr_assert_not_null(a);
 	kiln_sim_policy *p;
-	cr_assert_eq(kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &c, NULL, a, stderr, &p),
+	cr_assert_eq(kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &c, NULL, 0, a, stderr, &p),
 	             0);
 	int fits = 0;
 	const char *recipe = kiln_sim_policy_recipe(p, &fits);
@@ -242,7 +242,7 @@ Test(sim_stash, padding_follows_each_experts_rows, .timeout = 120)
 	}
 	kiln_sim_policy *p;
 	cr_assert_eq(
-	    kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, t.a, stderr, &p), 0);
+	    kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, 0, t.a, stderr, &p), 0);
 	kiln_sim_stash st;
 	cr_assert_eq(kiln_sim_policy_stash(p, 1, &st), 0);
 	static const double quarter[2] = {0.25, 0.75}, half[2] = {0.5, 0.5};
@@ -386,7 +386,7 @@ Test(sim_stash, bad_flags_are_an_error)
 		size_t len = 0;
 		FILE *err = open_memstream(&msg, &len);
 		kiln_sim_policy *p = NULL;
-		cr_expect_eq(kiln_sim_policy_new_stash(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL,
+		cr_expect_eq(kiln_sim_policy_new_stash(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, 0,
 		                                       &bad[i], t.a, err, &p),
 		             -1, "case %zu", i);
 		fclose(err);

@@ -30,9 +30,9 @@ static const char HELP_SIMULATE[] =
     "really free, the pipeline's timing, out-of-memory failures (a restart plus\n"
     "the progress since the last checkpoint). docs/simulator.md.\n"
     "\n"
-    "  --policy P,...   unbounded, full-recompute, megatron-selective,\n"
-    "                   static-aggressive, adapipe, mindspeed-threshold,\n"
-    "                   megatron-paged-stash, kiln,\n"
+    "  --policy P,...   unbounded, full-recompute, megatron, megatron-capacity[:CF],\n"
+    "                   static-aggressive, adapipe, mindspeed, megatron-paged-stash,\n"
+    "                   kiln,\n"
     "                   kiln:no-offload, kiln:no-adaptive, kiln:no-overlap,\n"
     "                   kiln:no-adaptive+no-overlap, or all\n"
     "  --plan F         the blob kiln decides with (default: compiled now); it\n"
@@ -351,6 +351,7 @@ int kilnc_simulate(int argc, char **argv)
 	kiln_sim_policy_kind kinds[KILN_SIM_POLICY_COUNT];
 	int32_t n = 0;
 	bool need_no_offload = false, need_adapipe = false;
+	double capacity_factor = 0; /* megatron-capacity[:CF]; 0: the description's, else 1 */
 	if (!policy) {
 		/* --emit-loads alone: no policy to run. */
 	} else if (strcmp(policy, "all") == 0) {
@@ -364,9 +365,17 @@ int kilnc_simulate(int argc, char **argv)
 		if (policy[0] == ',' || policy[strlen(policy) - 1] == ',' || strstr(policy, ",,"))
 			return usage("--policy: an empty name in '%s'", policy);
 		for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-			int k = kiln_sim_policy_parse(tok);
+			double cf = 0;
+			int k = kiln_sim_policy_parse_cf(tok, &cf);
+			if (k < 0 && strncmp(tok, "megatron-capacity:", 18) == 0)
+				return usage(
+				    "--policy: '%s': the capacity factor must be a number in "
+				    "(0, 64]",
+				    tok);
 			if (k < 0)
 				return usage("--policy: unknown policy '%s' (see kilnc help simulate)", tok);
+			if (cf > 0)
+				capacity_factor = cf;
 			for (int32_t j = 0; j < n; j++)
 				if (kinds[j] == (kiln_sim_policy_kind)k)
 					return usage("--policy: '%s' given twice", tok);
@@ -497,7 +506,8 @@ int kilnc_simulate(int argc, char **argv)
 	                       .checkpoint_every = n_ckpt,
 	                       .exact = exact,
 	                       .max_groups = (int32_t)n_groups,
-	                       .progress = isatty(2) ? stderr : NULL};
+	                       .progress = isatty(2) ? stderr : NULL,
+	                       .capacity_factor = capacity_factor};
 	if (kiln_sim_run(&cfg, kinds, n, a, stderr, res) != 0)
 		goto out;
 	if (trace && !(trace_out = stage_trace(trace, res, n)))
@@ -532,7 +542,10 @@ int kilnc_simulate(int argc, char **argv)
 			kiln_json *o = kiln_json_add_object(ps, NULL);
 			kiln_json_add_string(o, "policy", kiln_sim_policy_name(r->policy));
 			kiln_json_add_string(o, "models", kiln_sim_policy_models(r->policy));
+			if (r->flags)
+				kiln_json_add_string(o, "megatron_flags", r->flags);
 			kiln_json_add_number(o, "tokens_per_s", r->tokens_per_s);
+			kiln_json_add_number(o, "dropped_fraction", r->dropped_fraction);
 			if (base > 0)
 				kiln_json_add_number(o, "vs_full_recompute", r->tokens_per_s / base);
 			kiln_json_add_number(o, "iteration_s", r->iteration_s);
@@ -593,9 +606,9 @@ int kilnc_simulate(int argc, char **argv)
 		       (long long)n_iters,
 		       kiln_text_escape(prof->name, strlen(prof->name), sizeof lb, lb), n_seed,
 		       exact ? "every EP rank followed" : "statistical method (docs/simulator.md)");
-		printf("\n%-28s %12s %7s %10s %6s %6s %5s %6s %10s %10s %9s %9s\n", "policy",
-		       "tokens/s", "vs full", "iter s", "MFU", "HFU", "OOMs", "reruns", "lost s",
-		       "recomp s", "copy s", "peak");
+		printf("\n%-28s %12s %7s %8s %10s %6s %6s %5s %6s %10s %10s %9s %9s\n", "policy",
+		       "tokens/s", "vs full", "dropped", "iter s", "MFU", "HFU", "OOMs", "reruns",
+		       "lost s", "recomp s", "copy s", "peak");
 		for (int32_t k = 0; k < n; k++) {
 			const kiln_sim_result *r = &res[k];
 			double peak = 0;
@@ -605,13 +618,18 @@ int kilnc_simulate(int argc, char **argv)
 			print_bytes(pb, sizeof pb, peak);
 			if (base > 0)
 				snprintf(vs, sizeof vs, "%.3fx", r->tokens_per_s / base);
-			printf("%-28s %12.0f %7s %10.3f %5.1f%% %5.1f%% %5lld %6lld %10.1f %10.2f "
-			       "%9.2f "
+			printf("%-28s %12.0f %7s %7.2f%% %10.3f %5.1f%% %5.1f%% %5lld %6lld %10.1f "
+			       "%10.2f %9.2f "
 			       "%9s\n",
-			       kiln_sim_policy_name(r->policy), r->tokens_per_s, vs, r->iteration_s,
-			       100 * r->mfu, 100 * r->hfu, (long long)r->ooms, (long long)r->reruns,
+			       kiln_sim_policy_name(r->policy), r->tokens_per_s, vs,
+			       100 * r->dropped_fraction, r->iteration_s, 100 * r->mfu,
+			       100 * r->hfu, (long long)r->ooms, (long long)r->reruns,
 			       r->oom_lost_s, r->recompute_s, r->copy_s, pb);
 		}
+		for (int32_t k = 0; k < n; k++)
+			if (res[k].flags)
+				printf("%s%s: %s\n", k == 0 || !res[k - 1].flags ? "\n" : "",
+				       kiln_sim_policy_name(res[k].policy), res[k].flags);
 		for (int32_t k = 0; k < n; k++)
 			if (res[k].recipe)
 				printf("\n%s runs beside the stash: %s (%s at load %.1f)\n",
@@ -636,9 +654,10 @@ int kilnc_simulate(int argc, char **argv)
 		}
 		printf(
 		    "\npeak: the largest device memory of any stage (capacity %s); lost: restarts "
-		    "plus progress since the last checkpoint; reruns: iterations run twice "
-		    "(megatron-paged-stash); recomp, copy: exposed time, averaged over stages, "
-		    "summed over micro-batches and iterations\n",
+		    "plus progress since the last checkpoint; dropped: routed expert rows dropped "
+		    "at capacity; reruns: iterations run twice (megatron-paged-stash); recomp, "
+		    "copy: exposed time, averaged over stages, summed over micro-batches and "
+		    "iterations\n",
 		    cb);
 	}
 	rc = KILNC_EXIT_OK;

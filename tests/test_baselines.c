@@ -1,0 +1,361 @@
+/* tests/test_baselines.c: the megatron baseline (passes/baselines.c, the
+ * module mapping of costmodel/megatron.c) and megatron-capacity's token
+ * dropping (sim/policy.c).
+ *
+ * The bytes a Megatron module set drops from one MoE layer are checked
+ * against a hand calculation of what Megatron-LM's code saves (d98e8a64),
+ * written from the model's shape alone; the recipe search against an
+ * exhaustive evaluation of every recipe; token dropping against its
+ * conservation law and the padded memory against its load independence.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "costmodel/costmodel.h"
+#include "kiln_test.h"
+#include "passes/passes.h"
+#include "sim/sim.h"
+
+/* The shipped models with MoE layers. */
+static const char *const MOE_MODELS[] = {
+    "examples/models/deepseek-v3-671b.yaml", "examples/models/kimi-k2-1t.yaml",
+    "examples/models/qwen3-235b-a22b.yaml",  "examples/models/mixtral-8x22b.yaml",
+    "examples/models/custom-moe-188b.yaml",  "examples/models/tiny.yaml"};
+#define N_MOE_MODELS (sizeof MOE_MODELS / sizeof MOE_MODELS[0])
+
+/* What Megatron's code stops keeping for one MoE layer under one module,
+ * in bytes, at n local expert rows, from the shape alone (bf16
+ * activations; fp32 softmax statistics, router probabilities, norm rstd
+ * and expert probabilities; int64 row map). T is a micro-batch's tokens on
+ * the device outside attention (s * b, over tp with sequence parallelism),
+ * S = s * b the tokens attention sees, a = heads / tp:
+ * - layernorm (transformer_layer.py:475-527, output-discarding): both norm
+ *   outputs and their rstd: 2 * (2*T*h + 4*T);
+ * - core_attn (normal checkpoint; flash attention saves q, k, v, its
+ *   output and the log-sum-exp; q, k, v are the region's inputs and the
+ *   output is saved again by linear_proj): the log-sum-exp, 4*S*a;
+ * - mla_up_proj (multi_latent_attention.py:983-988, output-discarding):
+ *   q and k, 2*S*a*(head_dim + rope) each, and v, 2*S*a*v_head_dim;
+ * - moe_act (experts.py:1019-1030, output-discarding): the activation's
+ *   output, 2*n*f (f the expert FFN width);
+ * - shared_experts (moe_layer.py:517-531, normal): fc1's output
+ *   2*S*(2*fs)/tp and the activation's 2*S*fs/tp, fs the shared width;
+ * - moe (moe_layer.py:701-716, normal, the router included): everything
+ *   between its input and its output: router probabilities 4*T*E, the row
+ *   map 8*n, dispatched rows 2*h*n and their probabilities 4*n, fc1's
+ *   output 2*(2f)*n, the activation's 2*f*n, and the shared expert's. */
+typedef struct hand {
+	double layernorm, core_attn, mla_up, moe_act, shared, moe;
+} hand;
+
+static hand hand_drops(const kiln_model *m, double n)
+{
+	double tp = (double)m->tp, s = (double)(m->seq_len * m->micro_batch);
+	double T = m->sequence_parallel && m->tp > 1 ? s / tp : s;
+	double a = (double)m->heads / tp, h = (double)m->hidden, f = (double)m->expert_ffn_hidden;
+	double glu = m->moe_activation == KILN_FN_SWIGLU ? 2 : 1;
+	double fs = (double)m->shared_experts * f;
+	hand d = {0};
+	d.layernorm = 2 * (2 * T * h + (m->norm_saves_rstd ? 4 * T : 0));
+	d.core_attn = 4 * s * a;
+	if (m->mla)
+		d.mla_up = 2 * (2 * s * a * (double)(m->head_dim + m->rope_head_dim)) +
+		           2 * s * a * (double)m->v_head_dim;
+	d.moe_act = 2 * n * f;
+	d.shared = 2 * s * glu * fs / tp + 2 * s * fs / tp;
+	d.moe = 4 * T * (double)m->experts + 8 * n + 2 * h * n + 4 * n + 2 * glu * f * n +
+	        2 * f * n + d.shared;
+	return d;
+}
+
+/* The first MoE unit set of c. */
+static int32_t moe_set(const kiln_compilation *c)
+{
+	for (int32_t i = 0; i < c->n_sets; i++)
+		if (c->sets[i].kind == KILN_LAYER_MOE)
+			return i;
+	return -1;
+}
+
+/* Bytes saved (recomputed or offloaded) and offloaded by recipe r on the
+ * MoE set at load 1. */
+static void recipe_bytes(const kiln_compilation *c, const kiln_megatron *r, kiln_plan_bytes *out)
+{
+	kiln_arena *a = kiln_arena_new();
+	cr_assert_not_null(a);
+	kiln_megatron_actions ma;
+	cr_assert_eq(kiln_megatron_recipe_eval(c, r, 1.0, a, &ma), 0);
+	int32_t i = moe_set(c);
+	cr_assert_geq(i, 0);
+	const kiln_unit_set *set = &c->sets[i];
+	cr_assert_eq(kiln_plan_valid(set, ma.tail[i]), 0);
+	kiln_plan_bytes_at(set, ma.tail[i], c->graph->layers[set->layer].n_balanced, out);
+	kiln_arena_free(a);
+}
+
+static kiln_megatron selective(uint32_t mods)
+{
+	return (kiln_megatron){.recompute = KILN_RECOMPUTE_SELECTIVE, .recompute_modules = mods};
+}
+
+Test(baselines, module_sets_drop_what_megatron_saves_no_more, .init = kt_slow)
+{
+	for (size_t k = 0; k < N_MOE_MODELS; k++) {
+		const kiln_compilation *c = kt_compiled(MOE_MODELS[k], KILN_SOLVER_DP, false);
+		const kiln_model *m = c->model;
+		cr_assert_eq(m->attention, KILN_ATTN_FLASH, "%s", MOE_MODELS[k]);
+		int32_t i = moe_set(c);
+		double n = c->graph->layers[c->sets[i].layer].n_balanced;
+		hand d = hand_drops(m, n);
+		struct {
+			uint32_t mods;
+			double want;
+		} cases[] = {
+		    {KILN_MRC(LAYERNORM), d.layernorm},
+		    {KILN_MRC(CORE_ATTN), d.core_attn},
+		    {KILN_MRC(MLA_UP_PROJ), d.mla_up},
+		    {KILN_MRC(MOE_ACT), d.moe_act},
+		    {KILN_MRC(SHARED_EXPERTS), d.shared},
+		    {KILN_MRC(MOE), d.moe},
+		    {KILN_MRC(MLP), 0}, /* the dense MLP only (transformer_layer.py:537-539) */
+		    /* moe holds moe_act and shared_experts */
+		    {KILN_MRC(MOE) | KILN_MRC(MOE_ACT) | KILN_MRC(SHARED_EXPERTS), d.moe},
+		    /* Megatron's DeepSeek-V3 recipe: mlp moe mla_up_proj layernorm */
+		    {KILN_MRC(MLP) | KILN_MRC(MOE) | KILN_MRC(MLA_UP_PROJ) | KILN_MRC(LAYERNORM),
+		     d.moe + d.mla_up + d.layernorm},
+		};
+		for (size_t j = 0; j < sizeof cases / sizeof cases[0]; j++) {
+			kiln_megatron r = selective(cases[j].mods);
+			kiln_plan_bytes b;
+			recipe_bytes(c, &r, &b);
+			cr_expect_float_eq(b.saved, cases[j].want, 0.5,
+			                   "%s modules %#x: %.0f, hand %.0f", MOE_MODELS[k],
+			                   cases[j].mods, b.saved, cases[j].want);
+			cr_expect_eq(b.offloaded, 0);
+		}
+	}
+}
+
+Test(baselines, expert_fc1_offloads_fc1s_input, .init = kt_slow)
+{
+	for (size_t k = 0; k < N_MOE_MODELS; k++) {
+		const kiln_compilation *c = kt_compiled(MOE_MODELS[k], KILN_SOLVER_DP, false);
+		const kiln_model *m = c->model;
+		double n = c->graph->layers[c->sets[moe_set(c)].layer].n_balanced;
+		double h = (double)m->hidden, f = (double)m->expert_ffn_hidden;
+		double glu = m->moe_activation == KILN_FN_SWIGLU ? 2 : 1;
+		/* Megatron offloads a saved tensor of at least 1M elements
+		 * (fine_grained_activation_offload.py:1084). expert_fc1: fc1's
+		 * input, h * n elements (experts.py:928-939); moe_act: fc1's
+		 * output, glu * f * n, and the probabilities beside it, n fp32
+		 * values (2n bf16 elements' worth) (experts.py:941, 1019-1024). */
+		double big = 1048576;
+		double fc1 = h * n >= big ? 2 * h * n : 0;
+		double act =
+		    (glu * f * n >= big ? 2 * glu * f * n : 0) + (2 * n >= big ? 4 * n : 0);
+		kiln_megatron r = {.offload_modules = KILN_MOF(EXPERT_FC1)};
+		kiln_plan_bytes b;
+		recipe_bytes(c, &r, &b);
+		cr_expect_float_eq(b.offloaded, fc1, 0.5, "%s expert_fc1: %.0f, hand %.0f",
+		                   MOE_MODELS[k], b.offloaded, fc1);
+		r.offload_modules = KILN_MOF(MOE_ACT);
+		recipe_bytes(c, &r, &b);
+		cr_expect_float_eq(b.offloaded, act, 0.5, "%s moe_act: %.0f, hand %.0f",
+		                   MOE_MODELS[k], b.offloaded, act);
+		/* Recompute wins over offload: moe leaves nothing to offload in
+		 * the experts. */
+		r = selective(KILN_MRC(MOE));
+		r.offload_modules = KILN_MOF(EXPERT_FC1) | KILN_MOF(MOE_ACT);
+		recipe_bytes(c, &r, &b);
+		cr_expect_eq(b.offloaded, 0, "%s", MOE_MODELS[k]);
+	}
+}
+
+/* Every recipe of the search space, evaluated one by one without the
+ * search's pruning or memo: selective or none with every subset of the
+ * seven recompute modules and of the seven offload modules (attn_proj only
+ * with core_attn), full uniform, and full block with 1 .. 16 layers and
+ * every offload subset. Returns the least objective and, among those, the
+ * least summed exposed time, of the recipes that fit. */
+static bool brute_force(const kiln_compilation *c, double load, double *out_worst, double *out_sum)
+{
+	const uint32_t all_o = ((1u << KILN_MOF_COUNT) - 1) & ~KILN_MOF(FUSED_GROUP_MLP);
+	bool found = false;
+	*out_worst = *out_sum = INFINITY;
+	kiln_arena *a = kiln_arena_new();
+	cr_assert_not_null(a);
+	for (int32_t mode = -1; mode <= 16; mode++) {
+		uint32_t n_r = mode == -1 ? 1u << KILN_MRC_COUNT : 1;
+		for (uint32_t R = 0; R < n_r; R++)
+			for (uint32_t O = 0; O < 1u << KILN_MOF_COUNT; O++) {
+				if ((O & ~all_o) || (mode == 0 && O))
+					continue;
+				if ((O & KILN_MOF(ATTN_PROJ)) && !(O & KILN_MOF(CORE_ATTN)))
+					continue;
+				kiln_megatron r = {.offload_modules = O};
+				if (mode == -1) {
+					r.recompute =
+					    R ? KILN_RECOMPUTE_SELECTIVE : KILN_RECOMPUTE_NONE;
+					r.recompute_modules = R;
+				} else {
+					r.recompute = KILN_RECOMPUTE_FULL;
+					r.recompute_method = mode == 0 ? KILN_RECOMPUTE_UNIFORM
+					                               : KILN_RECOMPUTE_BLOCK;
+					r.recompute_num_layers = mode == 0 ? 1 : mode;
+				}
+				kiln_megatron_actions ma;
+				cr_assert_eq(kiln_megatron_recipe_eval(c, &r, load, a, &ma), 0);
+				if (!ma.fits)
+					continue;
+				double tol = 1e-9 * fmax(1, *out_worst);
+				if (!found || ma.worst_us < *out_worst - tol ||
+				    (ma.worst_us <= *out_worst + tol && ma.exposed_us < *out_sum)) {
+					*out_worst = ma.worst_us;
+					*out_sum = ma.exposed_us;
+				}
+				found = true;
+			}
+		kiln_arena_free(a);
+		a = kiln_arena_new();
+		cr_assert_not_null(a);
+	}
+	kiln_arena_free(a);
+	return found;
+}
+
+Test(baselines, search_finds_the_brute_force_best, .init = kt_slow, .timeout = 600)
+{
+	const kiln_compilation *c = kt_compiled("examples/models/tiny.yaml", KILN_SOLVER_DP, false);
+	const double loads[] = {1.2, 2.5};
+	for (size_t j = 0; j < 2; j++) {
+		double bw, bs;
+		bool any = brute_force(c, loads[j], &bw, &bs);
+		kiln_arena *a = kiln_arena_new();
+		kiln_megatron r;
+		kiln_megatron_actions ma;
+		kiln_megatron_search_stats st;
+		cr_assert_eq(kiln_megatron_search(c, loads[j], a, &r, &ma, &st), 0);
+		cr_assert_eq(ma.fits, any, "load %g", loads[j]);
+		if (any) {
+			cr_expect_float_eq(ma.worst_us, bw, 1e-9 * fmax(1, bw),
+			                   "load %g: %.6f vs %.6f", loads[j], ma.worst_us, bw);
+			cr_expect_float_eq(ma.exposed_us, bs, 1e-6 * fmax(1, bs),
+			                   "load %g: %.6f vs %.6f", loads[j], ma.exposed_us, bs);
+		}
+		cr_expect_gt(st.candidates, 0);
+		kiln_arena_free(a);
+	}
+}
+
+Test(baselines, description_recipe_is_run_as_given)
+{
+	const kiln_compilation *c = kt_compiled("examples/models/tiny.yaml", KILN_SOLVER_DP, false);
+	const kiln_baseline *bl = &c->baselines[KILN_BASELINE_MEGATRON];
+	/* tiny.yaml states no recipe: the search chose one, printed as flags. */
+	cr_expect_neq(bl->searched, 0);
+	cr_expect(strncmp(bl->models, "Megatron-Core ", 14) == 0, "%s", bl->models);
+	char buf[256];
+	kiln_megatron r = {.recompute = KILN_RECOMPUTE_SELECTIVE,
+	                   .recompute_modules = KILN_MRC(LAYERNORM) | KILN_MRC(MOE_ACT),
+	                   .offload_modules = KILN_MOF(CORE_ATTN) | KILN_MOF(EXPERT_FC1)};
+	cr_assert_gt(kiln_megatron_flags_format(&r, buf, sizeof buf), 0);
+	cr_expect_str_eq(buf, "--recompute-granularity selective --recompute-modules moe_act "
+	                      "layernorm --fine-grained-activation-offloading --offload-modules "
+	                      "core_attn expert_fc1");
+	r = (kiln_megatron){.recompute = KILN_RECOMPUTE_FULL,
+	                    .recompute_method = KILN_RECOMPUTE_BLOCK,
+	                    .recompute_num_layers = 3};
+	cr_assert_gt(kiln_megatron_flags_format(&r, buf, sizeof buf), 0);
+	cr_expect_str_eq(buf, "--recompute-granularity full --recompute-method block "
+	                      "--recompute-num-layers 3");
+	cr_expect_eq(kiln_megatron_flags_format(&r, buf, 8), -1);
+}
+
+Test(baselines, capacity_dropping_conserves_rows)
+{
+	/* Hand example: four experts with 200, 50, 100 and 50 routed rows
+	 * against a capacity of 100 each: the first keeps 100 and drops 100,
+	 * the others keep all; kept 300, dropped 100, routed 400. */
+	const double v[4] = {200, 50, 100, 50};
+	double kept, dropped;
+	kiln_sim_capacity_drop(v, 4, 100, &kept, &dropped);
+	cr_expect_float_eq(kept, 300, 1e-9);
+	cr_expect_float_eq(dropped, 100, 1e-9);
+	/* kept + dropped = routed at any capacity. */
+	const double caps[] = {0, 25, 90, 100, 125, 300};
+	const double w[6] = {260, 0, 110, 70, 130, 30};
+	for (size_t j = 0; j < 6; j++) {
+		kiln_sim_capacity_drop(w, 6, caps[j], &kept, &dropped);
+		cr_expect_float_eq(kept + dropped, 600, 1e-9, "capacity %g", caps[j]);
+		cr_expect_geq(dropped, 0);
+		cr_expect_leq(kept, 6 * caps[j] + 1e-9);
+	}
+}
+
+/* A hot expert sharing a rank with cold ones drops rows even where its
+ * rank's total is within the rank's capacity: dropping is judged per
+ * expert (kiln_load_sample_experts), never less than lumping a rank's
+ * rows together would drop. */
+Test(baselines, capacity_drops_per_expert)
+{
+	const kiln_compilation *c = kt_compiled("examples/models/tiny.yaml", KILN_SOLVER_DP, false);
+	kiln_arena *a = kiln_arena_new();
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse("hot-expert", c->model->max_factor, a, stderr, &prof), 0);
+	kiln_load_shape shape;
+	kiln_sim_load_shape(c, &shape);
+	int32_t e = shape.experts_per_rank, n = shape.ep * e;
+	double rows[256], routed = 0, dropped = 0, rank_dropped = 0;
+	cr_assert_leq(n, 256);
+	double bal = (double)shape.tokens * shape.top_k / shape.ep;
+	for (int32_t it = 0; it < 4; it++) {
+		kiln_load_sample_experts(prof, &shape, 3, it, 0, 0, 0, rows);
+		double kept, drop;
+		kiln_sim_capacity_drop(rows, n, bal / e, &kept, &drop);
+		routed += kept + drop;
+		dropped += drop;
+		for (int32_t q = 0; q < shape.ep; q++) {
+			double sum = 0;
+			for (int32_t j = 0; j < e; j++)
+				sum += rows[q * e + j];
+			rank_dropped += sum > bal ? sum - bal : 0;
+		}
+	}
+	cr_expect_float_eq(routed, 4 * bal * shape.ep, 1e-6 * routed);
+	cr_expect_gt(dropped, 0);
+	cr_expect_geq(dropped, rank_dropped - 1e-9);
+	kiln_arena_free(a);
+}
+
+Test(baselines, padded_memory_is_load_independent, .init = kt_slow, .timeout = 600)
+{
+	const kiln_compilation *c = kt_compiled("examples/models/tiny.yaml", KILN_SOLVER_DP, false);
+	kiln_arena *a = kiln_arena_new();
+	const char *loads[] = {"balanced", "hot-rank", "burst"};
+	kiln_sim_result r[3];
+	kiln_sim_policy_kind k = KILN_SIM_MEGATRON_CAPACITY;
+	for (int j = 0; j < 3; j++) {
+		kiln_load_profile *prof;
+		cr_assert_eq(kiln_load_parse(loads[j], c->model->max_factor, a, stderr, &prof), 0);
+		kiln_sim_config cfg = {.c = c,
+		                       .loads = prof,
+		                       .iterations = 8,
+		                       .seed = 3,
+		                       .restart_s = 284,
+		                       .checkpoint_every = 100,
+		                       .exact = 1,
+		                       .capacity_factor = 1.0};
+		cr_assert_eq(kiln_sim_run(&cfg, &k, 1, a, stderr, &r[j]), 0);
+	}
+	for (int j = 1; j < 3; j++)
+		for (int32_t s = 0; s < r[0].n_stages; s++)
+			cr_expect_eq(r[j].peak_bytes[s], r[0].peak_bytes[s], "%s stage %d",
+			             loads[j], s);
+	/* Balanced loads sit at capacity: nothing dropped; a hot rank drops. */
+	cr_expect_eq(r[0].dropped_fraction, 0);
+	cr_expect_gt(r[1].dropped_fraction, 0);
+	cr_expect_lt(r[1].dropped_fraction, 1);
+	cr_expect_not_null(r[0].flags);
+	kiln_arena_free(a);
+}
