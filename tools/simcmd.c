@@ -493,6 +493,8 @@ int kilnc_simulate(int argc, char **argv)
 			kiln_json_add_number(o, "exposed_recompute_s", r->recompute_s);
 			kiln_json_add_number(o, "exposed_copy_s", r->copy_s);
 			kiln_json_add_i64(o, "over_budget_decisions", r->over_budget);
+			if (r->policy == KILN_SIM_MINDSPEED)
+				kiln_json_add_i64(o, "moe_forwards_checkpointed", r->triggered);
 			kiln_json *pk = kiln_json_add_array(o, "peak_bytes");
 			for (int32_t s = 0; s < r->n_stages; s++)
 				kiln_json_add_number(pk, NULL, r->peak_bytes[s]);
