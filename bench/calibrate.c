@@ -230,9 +230,13 @@ static void explain(const row *r, const kiln_cost_step_params *p)
 	       r->id, st.iteration_s, st.slowest_stage, st.stage_fwd_us / 1e3,
 	       st.stage_bwd_us / 1e3, st.a2a_us / 1e3, st.p2p_us / 1e3, st.dp_exposed_us / 1e3,
 	       st.optimizer_us / 1e3, 100 * st.bubble_fraction, (long long)r->m->micro_batches);
+	bool done_layer = false;
 	for (int32_t l = 0; l < r->g->n_layers; l++) {
 		const kiln_ir_layer *ly = &r->g->layers[l];
-		if (ly->kind != KILN_LAYER_MOE)
+		if (ly->kind != KILN_LAYER_MOE && ly->kind != KILN_LAYER_DENSE &&
+		    ly->kind != KILN_LAYER_HEAD)
+			continue;
+		if (ly->kind != KILN_LAYER_HEAD && done_layer)
 			continue;
 		double cls[2][8] = {{0}};
 		int kernels = 0;
@@ -245,15 +249,18 @@ static void explain(const row *r, const kiln_cost_step_params *p)
 				printf("   %s%-22s %8.1f us\n", op->backward ? "bwd " : "fwd ",
 				       op->name, us);
 		}
-		printf("  one MoE layer (us): fwd gemm %.0f mem %.0f attn %.0f tp %.0f ep %.0f | "
+		printf("  %s layer (us): fwd gemm %.0f mem %.0f attn %.0f tp %.0f ep %.0f | "
 		       "bwd gemm "
 		       "%.0f mem %.0f attn %.0f tp %.0f ep %.0f; %d kernels\n",
+		       ly->kind == KILN_LAYER_HEAD  ? "the output"
+		       : ly->kind == KILN_LAYER_MOE ? "one MoE"
+		                                    : "one dense",
 		       cls[0][KILN_OPCLASS_GEMM], cls[0][KILN_OPCLASS_MEM],
 		       cls[0][KILN_OPCLASS_ATTN], cls[0][KILN_OPCLASS_COMM_TP],
 		       cls[0][KILN_OPCLASS_COMM_EP], cls[1][KILN_OPCLASS_GEMM],
 		       cls[1][KILN_OPCLASS_MEM], cls[1][KILN_OPCLASS_ATTN],
 		       cls[1][KILN_OPCLASS_COMM_TP], cls[1][KILN_OPCLASS_COMM_EP], kernels);
-		break;
+		done_layer |= ly->kind != KILN_LAYER_HEAD;
 	}
 }
 

@@ -11,9 +11,10 @@
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-static const char *fn_name(kiln_fn f)
+static const char *fn_name(kiln_act_fn f)
 {
-	return f == KILN_FN_SWIGLU ? "swiglu" : "gelu";
+	static const char *const names[] = {"swiglu", "gelu", "geglu", "quick_geglu"};
+	return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "?";
 }
 
 static const char *dtype_name(kiln_dtype d)
@@ -93,11 +94,13 @@ void kiln_report_check(const kiln_ir_graph *g, FILE *out)
 	        m->attention == KILN_ATTN_FLASH ? "flash" : "eager", (long long)m->vocab,
 	        (long long)m->seq_len);
 	if (m->moe)
-		fprintf(out, "  moe       %lld experts + %lld shared, top-%lld, expert ffn %lld (%s)\n",
+		fprintf(out,
+		        "  moe       %lld experts + %lld shared, top-%lld, expert ffn %lld (%s)\n",
 		        (long long)m->experts, (long long)m->shared_experts, (long long)m->top_k,
-		        (long long)m->expert_ffn_hidden, fn_name(m->moe_activation));
+		        (long long)m->expert_ffn_hidden, fn_name(m->moe_activation_fn));
 	if (m->layers - moe_layers > 0)
-		fprintf(out, "  ffn       %lld (%s)\n", (long long)m->ffn_hidden, fn_name(m->activation));
+		fprintf(out, "  ffn       %lld (%s)\n", (long long)m->ffn_hidden,
+		        fn_name(m->activation_fn));
 	/* The memory options (docs/model-format.md, "Memory options"). */
 	static const char *const prob_where[] = {"in the expert activation", "on the expert output",
 	                                         "after the combine"};

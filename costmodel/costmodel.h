@@ -32,6 +32,12 @@ typedef struct kiln_cost_static {
 /* Static (weight, gradient, optimizer) bytes on one device of stage. */
 void kiln_cost_stage_static(const kiln_ir_graph *g, int32_t stage, kiln_cost_static *out);
 
+/* The same for a device holding dense non-expert and expert weight
+ * elements (one device's share: params_local), with m's precision and
+ * optimizer; kiln_cost_stage_static is this over the stage's ops. */
+void kiln_cost_static_of(const kiln_model *m, uint64_t dense, uint64_t expert,
+                         kiln_cost_static *out);
+
 /* Saved-activation bytes of one layer for one micro-batch with everything
  * kept, each alias group once, as an exact linear function of N. */
 kiln_lin kiln_cost_layer_activation(const kiln_ir_graph *g, int32_t layer);

@@ -33,9 +33,19 @@ double kiln_cost_model_flops_per_token_ex(const kiln_model *m, bool causal_halve
 {
 	const double fb = 3, fma = 2; /* forward + wgrad + dgrad; FLOPs per multiply-add */
 	double h = (double)m->hidden, s = (double)m->seq_len, a = (double)m->heads;
-	/* Megatron's args.swiglu: the gated GEMM is 1.5x an ungated one. */
-	double ffn_dense = m->activation == KILN_FN_SWIGLU ? 3 : 2;
-	double ffn_moe = m->moe_activation == KILN_FN_SWIGLU ? 3 : 2;
+	/* Megatron counts a gated MLP as three GEMMs only when its activation
+	 * is SiLU: ffn_expansion_factor = 3 if args.swiglu else 2
+	 * (megatron/training/training.py line 1070 at d98e8a64dd; --quick-geglu
+	 * does not set args.swiglu), as Megatron-Bridge 0.4's
+	 * gated_linear_multiplier does (src/megatron/bridge/training/utils/
+	 * flop_utils.py lines 296-297 at r0.4.0: gated_linear_unit and
+	 * activation_func == F.silu). GeGLU and GPT-OSS's quick GeGLU run three
+	 * GEMMs (the lowering and the step model price them) but count as two. */
+	double ffn_dense =
+	    m->activation == KILN_FN_SWIGLU && m->activation_fn == KILN_ACTFN_SWIGLU ? 3 : 2;
+	double ffn_moe =
+	    m->moe_activation == KILN_FN_SWIGLU && m->moe_activation_fn == KILN_ACTFN_SWIGLU ? 3
+	                                                                                     : 2;
 	int64_t mtp = m->megatron.mtp_num_layers;
 	int64_t moe_layers = m->moe ? m->layers - m->dense_layers : 0;
 	int64_t dense_layers = m->layers - moe_layers;

@@ -31,7 +31,6 @@ void kiln_cost_params_count(const kiln_ir_graph *g, kiln_cost_params *out)
 
 void kiln_cost_stage_static(const kiln_ir_graph *g, int32_t stage, kiln_cost_static *out)
 {
-	const kiln_model *m = g->model;
 	const kiln_ir_stage *st = &g->stages[stage];
 	uint64_t dense = 0, expert = 0;
 	for (int32_t l = st->layer_begin; l < st->layer_end; l++) {
@@ -46,6 +45,12 @@ void kiln_cost_stage_static(const kiln_ir_graph *g, int32_t stage, kiln_cost_sta
 				dense += op->params_local;
 		}
 	}
+	kiln_cost_static_of(g->model, dense, expert, out);
+}
+
+void kiln_cost_static_of(const kiln_model *m, uint64_t dense, uint64_t expert,
+                         kiln_cost_static *out)
+{
 	/* Bytes per parameter (docs/cost-model.md, "Static memory"). Mixed
 	 * precision (bf16, fp16, fp8 activations) as Megatron's estimator counts
 	 * it (megatron/training/theoretical_memory_usage.py:293-296): 16-bit

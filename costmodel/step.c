@@ -10,9 +10,13 @@
  *   below peak; in backward only the data gradient has that shape, the
  *   weight gradient (a reduction over the rows) runs at E;
  * - the attention core at its own share of peak, the causal mask halving
- *   its work (flash kernels skip the masked blocks);
+ *   its work (flash kernels skip the masked blocks), plus its softmax's
+ *   exponentials on the special-function units (hardware sfu_tops);
  * - memory-bound kernels at HBM bandwidth, each at least a floor (launch and
  *   tail of a small kernel);
+ * - the passes Megatron-Core's stack makes beyond the fused kernels the
+ *   lowering counts (megatron_extra_bytes: quick GeGLU's clamps, the
+ *   experts' eager fc2 biases, the fused cross entropy's fp32 passes);
  * - the EP all-to-all over the real topology: the part of the group inside
  *   a node over NVLink, the rest over the inter-node links, the two
  *   concurrently; DeepEP / HybridEP send a token once per destination node
@@ -135,6 +139,65 @@ static double bw_bytes_per_us(double gbps)
 	return gbps * 1e3;
 }
 
+/* Memory traffic (bytes) and kernels that Megatron-Core's implementation of
+ * op adds to what the lowering counts (docs/cost-model.md, "Step time",
+ * "What Megatron-Core runs"), at n expert rows; the IR's traffic is what a
+ * fused kernel moves, these are the passes the measured stack makes on top:
+ * - GPT-OSS's clamped quick GeGLU: weighted_bias_quick_geglu_impl clamps the
+ *   two halves of the fc1 output and concatenates them before its fused
+ *   function (megatron/core/fusions/fused_bias_geglu.py lines 424-432 at
+ *   core_v0.17.1): forward two clamps and a cat over the n x 2f input
+ *   (each pass reads and writes it, 4e bytes per element), backward the
+ *   clamps' masks (read the gradient and the input, write: 3e; cat's
+ *   backward is a view);
+ * - biases on the experts' fc2 (linear_bias): TEGroupedMLP adds them after
+ *   the grouped GEMM with one eager multiply and add per local expert in
+ *   fp32, since the router probabilities are fp32, then a cat and a cast
+ *   back (_apply_bias, megatron/core/transformer/moe/experts.py lines
+ *   250-268 and 398 at core_v0.17.1): per element of the n x h output
+ *   forward 4 + (e + 8) + 8 + (4 + e) bytes, backward the cast (e + 4), the
+ *   add's cast of the gradient (4 + e) and the multiply's two gradients
+ *   (g * p and its row sum, g * b and its sum, 12 each);
+ * - the loss: Megatron's fused vocab-parallel cross entropy
+ *   (megatron/core/fusions/fused_cross_entropy.py at core_v0.17.1) casts the
+ *   logits to fp32 and takes their max (read e, write 4 bytes per logit),
+ *   subtracts, exponentiates and sums (read 4, write 4), normalises in place
+ *   (read 4, write 4) and saves the fp32 softmax; its backward updates that
+ *   softmax in place (read 4, write 4) and the fp32 gradient is cast to the
+ *   logits' dtype (read 4, write e): forward e + 20, backward e + 12 bytes
+ *   per logit, against the one fp32 pass (4, 8) the lowering counts, which
+ *   this replaces.
+ * Returns the extra bytes; *out_kernels gets the extra kernel launches. */
+static double megatron_extra_bytes(const kiln_model *m, const kiln_ir_op *op, double n,
+                                   double *out_kernels)
+{
+	double e = (double)kiln_model_act_bytes(m), h = (double)m->hidden;
+	double f = (double)m->expert_ffn_hidden;
+	double local = (double)((m->experts + m->ep - 1) / (m->ep > 0 ? m->ep : 1));
+	*out_kernels = 0;
+	switch (op->kind) {
+	case KILN_OP_EXPERT_ACT:
+		if (m->moe_activation_fn != KILN_ACTFN_QUICK_GEGLU)
+			return 0;
+		*out_kernels = op->backward ? 2 : 3;
+		return n * 2 * f * e * (op->backward ? 3 : 4);
+	case KILN_OP_EXPERT_DOWN:
+		if (!m->linear_bias)
+			return 0;
+		*out_kernels = op->backward ? 5 * local + 1 : 2 * local + 2;
+		return n * h * (op->backward ? 32 + 2 * e : 24 + 2 * e);
+	case KILN_OP_LOSS: {
+		double tokens = (double)(m->micro_batch * m->seq_len);
+		double v_local = (double)((m->vocab + m->tp - 1) / m->tp);
+		double logits = tokens * v_local;
+		*out_kernels = op->backward ? 1 : 2;
+		return op->backward ? logits * (e + 12 - 8) : logits * (e + 20 - 4);
+	}
+	default:
+		return 0;
+	}
+}
+
 double kiln_cost_step_op_us(const kiln_ir_graph *g, const kiln_ir_op *op, double n,
                             const kiln_cost_step_params *p)
 {
@@ -173,22 +236,33 @@ double kiln_cost_step_op_us(const kiln_ir_graph *g, const kiln_ir_op *op, double
 		double eff = p->gemm_efficiency;
 		if (p->gemm_half_rows > 0)
 			eff *= rows / (rows + p->gemm_half_rows);
+		double kernels, extra = megatron_extra_bytes(m, op, n, &kernels);
+		double around = extra > 0 ? extra / hbm + kernels * p->kernel_floor_us : 0;
 		if (!op->backward)
-			return flops / (peak * eff);
+			return flops / (peak * eff) + around;
 		/* Backward: the data gradient has the forward's shape (rows x K x
 		 * N); the weight gradient reduces over the rows into a K x N
 		 * output, which fills the device however few the rows are. */
-		return flops / 2 / (peak * eff) + flops / 2 / (peak * p->gemm_efficiency);
+		return flops / 2 / (peak * eff) + flops / 2 / (peak * p->gemm_efficiency) + around;
 	}
-	case KILN_OPCLASS_MEM:
-		if (traffic <= 0)
+	case KILN_OPCLASS_MEM: {
+		double kernels, extra = megatron_extra_bytes(m, op, n, &kernels);
+		if (traffic + extra <= 0)
 			return 0;
-		return traffic / hbm + p->kernel_floor_us;
+		return (traffic + extra) / hbm + (1 + kernels) * p->kernel_floor_us;
+	}
 	case KILN_OPCLASS_ATTN: {
 		/* Causal: flash kernels skip the masked half; eager computes the
 		 * whole score matrix. */
 		double work = m->attention == KILN_ATTN_FLASH ? flops / 2 : flops;
 		double c = work / (peak * p->attention_efficiency), mem = traffic / hbm;
+		if (op->kind == KILN_OP_ATTN_CORE && m->attention == KILN_ATTN_FLASH &&
+		    hw->sfu_tops > 0) {
+			double a = (double)(m->heads >= m->tp ? m->heads / m->tp : 1);
+			double s = (double)m->seq_len;
+			double exps = a * s * s * (double)m->micro_batch / 2;
+			c += exps / (hw->sfu_tops * 1e6);
+		}
 		return (c > mem ? c : mem) + p->kernel_floor_us;
 	}
 	case KILN_OPCLASS_COMM_TP: {

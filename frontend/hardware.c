@@ -112,6 +112,8 @@ static bool hw_from_fields(kiln_fe_ctx *c, kiln_fe_field *f, bool in_file,
 	    {KILN_FE_F_TIME_INTER_NODE_EFFICIENCY, 1e-3, 1},
 	    {KILN_FE_F_TIME_KERNEL_FLOOR_US, 0, 1e6},
 	    {KILN_FE_F_TIME_HOST_LAYER_US, 0, 1e6},
+	    /* optional datasheet figure, range as the required ones */
+	    {KILN_FE_F_SFU_TOPS, 1e-6, 1e7},
 	};
 	for (size_t i = 0; i < sizeof(fitted) / sizeof(fitted[0]); i++) {
 		kiln_fe_field *x = &f[fitted[i].id];
@@ -152,6 +154,7 @@ static bool hw_from_fields(kiln_fe_ctx *c, kiln_fe_field *f, bool in_file,
 	out->peak_tflops = f[KILN_FE_F_PEAK_TFLOPS].f;
 	out->gemm_efficiency = eff->f;
 	out->hbm_gbps = f[KILN_FE_F_HBM_GBPS].f;
+	out->sfu_tops = f[KILN_FE_F_SFU_TOPS].state == KILN_FE_SET ? f[KILN_FE_F_SFU_TOPS].f : 0;
 	out->h2d_gbps = f[KILN_FE_F_H2D_GBPS].f;
 	out->d2h_gbps = f[KILN_FE_F_D2H_GBPS].f;
 	out->host_memory_gib = f[KILN_FE_F_HOST_MEMORY_GIB].f;

@@ -1133,7 +1133,8 @@ kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const 
 	m->vocab = VAL(VOCAB);
 	m->seq_len = VAL(SEQ_LEN);
 	m->attention = (kiln_attention)VAL(ATTENTION);
-	m->activation = (kiln_fn)VAL(ACTIVATION);
+	m->activation_fn = (kiln_act_fn)VAL(ACTIVATION);
+	m->activation = m->activation_fn == KILN_ACTFN_GELU ? KILN_FN_GELU : KILN_FN_SWIGLU;
 	m->dropout = FLD(DROPOUT)->f;
 	m->mla = FLD(MLA)->state == KILN_FE_SET;
 	m->q_lora_rank = VAL(Q_LORA_RANK);
@@ -1145,7 +1146,9 @@ kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const 
 	m->shared_experts = VAL(SHARED_EXPERTS);
 	m->top_k = VAL(TOP_K);
 	m->expert_ffn_hidden = VAL(EXPERT_FFN_HIDDEN);
-	m->moe_activation = (kiln_fn)VAL(MOE_ACTIVATION);
+	m->moe_activation_fn = (kiln_act_fn)VAL(MOE_ACTIVATION);
+	m->moe_activation = m->moe_activation_fn == KILN_ACTFN_GELU ? KILN_FN_GELU : KILN_FN_SWIGLU;
+	m->linear_bias = FLD(LINEAR_BIAS)->b;
 	m->fused_qkv = FLD(FUSED_QKV)->b;
 	m->norm_saves_rstd = FLD(NORM_SAVES_RSTD)->b;
 	m->prob_apply = (kiln_prob_apply)VAL(PROB_APPLY);
@@ -1182,7 +1185,9 @@ kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const 
 
 /* The enum lists in schema.def are in the order of these C enums. */
 _Static_assert(KILN_ATTN_FLASH == 0 && KILN_ATTN_EAGER == 1, "attention order");
-_Static_assert(KILN_FN_SWIGLU == 0 && KILN_FN_GELU == 1, "activation order");
+_Static_assert(KILN_ACTFN_SWIGLU == 0 && KILN_ACTFN_GELU == 1 && KILN_ACTFN_GEGLU == 2 &&
+                   KILN_ACTFN_QUICK_GEGLU == 3,
+               "activation order");
 _Static_assert(KILN_DTYPE_BF16 == 0 && KILN_DTYPE_FP16 == 1 && KILN_DTYPE_FP8 == 2 &&
                    KILN_DTYPE_FP32 == 3,
                "dtype order");

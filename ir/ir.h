@@ -107,7 +107,22 @@ void kiln_progress_stop(kiln_progress *p);
 /* ---------------------------------------------------------------- model */
 
 typedef enum { KILN_ATTN_FLASH, KILN_ATTN_EAGER } kiln_attention;
+/* The activation's shape as the lowering sees it: KILN_FN_SWIGLU is any gated
+ * linear unit (an up GEMM of twice the width, three GEMMs in all),
+ * KILN_FN_GELU an ungated one. The function itself is a kiln_act_fn. */
 typedef enum { KILN_FN_SWIGLU, KILN_FN_GELU } kiln_fn;
+/* The activation function a description names (model.activation,
+ * model.moe.activation; docs/model-format.md): Megatron-Core's
+ * gated_linear_unit with F.silu, F.gelu alone, gated with F.gelu, and gated
+ * with quick_gelu as GPT-OSS configures it (glu_linear_offset 1,
+ * activation_func_clamp_value 7). Model FLOPs and the step-time model read
+ * it; the lowering reads its kiln_fn. */
+typedef enum {
+	KILN_ACTFN_SWIGLU,
+	KILN_ACTFN_GELU,
+	KILN_ACTFN_GEGLU,
+	KILN_ACTFN_QUICK_GEGLU
+} kiln_act_fn;
 typedef enum { KILN_DTYPE_BF16, KILN_DTYPE_FP16, KILN_DTYPE_FP8, KILN_DTYPE_FP32 } kiln_dtype;
 typedef enum { KILN_OPTIM_ADAM, KILN_OPTIM_SGD } kiln_optimizer;
 typedef enum { KILN_SCHED_1F1B, KILN_SCHED_INTERLEAVED } kiln_schedule;
@@ -185,6 +200,7 @@ typedef struct kiln_hardware {
 	double peak_tflops;
 	double gemm_efficiency; /* (0, 1] */
 	double hbm_gbps;
+	double sfu_tops; /* special-function (exp) results per second, 1e12; 0: not modelled */
 	double h2d_gbps;
 	double d2h_gbps;
 	double host_memory_gib;
@@ -198,7 +214,7 @@ typedef struct kiln_hardware {
 	double time_attention_efficiency;  /* flash attention's share of peak; 0: gemm_efficiency */
 	double time_comm_efficiency;       /* collectives' share of NVLink bandwidth; 0: 1 */
 	double time_inter_node_efficiency; /* of the inter-node links'; 0: time_comm_efficiency */
-	double time_kernel_floor_us;       /* least time of a memory-bound kernel */
+	double time_kernel_floor_us;       /* least time of a small kernel (per launch) */
 	double time_host_layer_us;         /* host time to issue one layer's forward and backward */
 } kiln_hardware;
 
@@ -236,6 +252,9 @@ typedef struct kiln_model {
 	int64_t top_k;
 	int64_t expert_ffn_hidden;
 	kiln_fn moe_activation;
+	kiln_act_fn activation_fn;     /* model.activation as named */
+	kiln_act_fn moe_activation_fn; /* model.moe.activation as named */
+	bool linear_bias;              /* model.linear_bias: Megatron's add_bias_linear */
 
 	/* Memory options where implementations differ (docs/model-format.md). */
 	bool fused_qkv;             /* q, k, v one storage from one GEMM (not with mla) */

@@ -653,10 +653,13 @@ static int32_t moe_block(lowerer *L, int32_t x2)
 		act.in[act.n_in++] = eprobs;
 		act.need[act.n_need++] = eprobs;
 		act.traffic.per_n += 4;
-		if (m->moe_activation != KILN_FN_SWIGLU) {
-			/* No fused weighted kernel: the activation's output is saved
-			 * by the multiply for the probabilities' gradient
-			 * (experts.py:1013-1015). */
+		if (m->moe_activation_fn != KILN_ACTFN_SWIGLU &&
+		    m->moe_activation_fn != KILN_ACTFN_QUICK_GEGLU) {
+			/* No fused weighted kernel (Megatron-Core fuses the
+			 * probabilities into SwiGLU and quick GeGLU only,
+			 * experts.py:964-981): the activation's output is saved by
+			 * the multiply for the probabilities' gradient
+			 * (experts.py:996-1013). */
 			int32_t raw = tensor(L, "moe.expert_act_raw", 0, e * fe,
 			                     KILN_T_SAVED | KILN_T_EXPERT);
 			act.out[act.n_out++] = raw;

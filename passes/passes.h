@@ -308,6 +308,46 @@ struct kiln_baseline {
 
 const char *kiln_baseline_name(kiln_baseline_kind k);
 
+/* adapipe.c
+ *
+ * AdaPipe's partition (docs/cost-model.md, "AdaPipe's partition"): the
+ * stage split and each stage's recomputation chosen jointly at
+ * KILN_BASELINE_DESIGN_LOAD, by dynamic programming over stage boundaries. */
+
+typedef struct kiln_adapipe kiln_adapipe; /* the stage cost model of one compilation */
+
+/* Builds the stage cost model of c (borrowed, for x's life; the budget
+ * pass must have run): per layer kind its recompute-only plan table at the
+ * design load, one layer's time and weights, and the embedding's and the
+ * head's. Arena-owned. Returns 0, or -1 on exhaustion. */
+int kiln_adapipe_new(const kiln_compilation *c, kiln_arena *a, kiln_adapipe **out);
+
+/* Time of one micro-batch's forward and backward (us) on pipeline stage s
+ * holding the transformer layers [first, first + n) of the model, with the
+ * cheapest recompute-only plan with which the stage's in-flight
+ * micro-batches fit at the design load (the adapipe baseline's rule,
+ * passes/baselines.c); INFINITY when none fits or the range is not one.
+ * Costs are cached per (stage, dense layers, MoE layers). */
+double kiln_adapipe_stage_us(kiln_adapipe *x, int32_t s, int64_t first, int64_t n);
+
+/* A partition: layers per stage, each stage's time, the slowest and the
+ * sum. kept is NULL when the search chose it, else why the model's own
+ * split stands (interleaved schedule, work bound, nothing fits). */
+typedef struct kiln_adapipe_split {
+	int32_t n_stages;
+	int64_t *layers;  /* per stage, arena-owned */
+	double *stage_us; /* per stage (INFINITY: does not fit) */
+	double max_us, sum_us;
+	bool fits;        /* every stage has a fitting plan */
+	const char *kept; /* static string or NULL */
+} kiln_adapipe_split;
+
+/* The partition with the least slowest stage and, among those, the least
+ * sum of stage times (earliest boundaries on ties); every stage holds at
+ * least one layer. Exact, O(p * L * (L - p + 1)) cost lookups. Returns 0,
+ * or -1 on exhaustion. */
+int kiln_adapipe_partition(kiln_adapipe *x, kiln_arena *a, kiln_adapipe_split *out);
+
 /* interleave.c
  *
  * Dual-batch interleaving (DESIGN.md section 8, docs/schedule.md). In 1F1B

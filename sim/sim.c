@@ -496,6 +496,7 @@ static double sum_layers(const world *w, const scratch *sc, int32_t s, int32_t i
 typedef struct run {
 	const kiln_sim_config *cfg;
 	const world *w, *w2; /* w2: kiln:no-offload's */
+	const world *w3;     /* adapipe's own partition (cfg->c_adapipe), or NULL */
 	const kiln_sim_policy_kind *policies;
 	kiln_sim_policy **pols;
 	kiln_sim_result *out;
@@ -508,6 +509,7 @@ typedef struct run {
 	 * rank's rows over the stage's MoE layers (the statistical method's
 	 * memory bound for static policies). */
 	double *sum_n, *max_n;
+	double *sum_n3, *max_n3; /* the same over w3's stages */
 	int any_static; /* the statistical method runs a static policy: needs rb, sum_n, max_n */
 	/* A trigger policy (mindspeed; at most one: each policy runs once):
 	 * its index (-1 without), the multiple of the balanced per-expert rows
@@ -550,6 +552,35 @@ typedef struct worker {
 	scratch sc;
 	pthread_t id;
 } worker;
+
+/* Per (stage of sw, micro-batch i0, i0 + step, ..., rank): the sum and the
+ * largest of the rank's rows over the stage's MoE layers. The loads are
+ * indexed by MoE layer in model order, which every partition shares. */
+static void stage_sums(const world *sw, const double *loads, int32_t i0, int32_t step,
+                       double *sum_n, double *max_n)
+{
+	for (int32_t i = i0; i < sw->m; i += step)
+		for (int32_t s = 0; s < sw->p; s++) {
+			double *sum = &sum_n[((size_t)s * sw->m + i) * sw->ep];
+			double *most = &max_n[((size_t)s * sw->m + i) * sw->ep];
+			for (int32_t x = 0; x < sw->ep; x++)
+				sum[x] = most[x] = 0;
+			const stage_info *si = &sw->stages[s];
+			for (int32_t l = 0; l < si->n_layers; l++) {
+				const layer_info *li = &si->layers[l];
+				if (li->moe_index < 0)
+					continue;
+				const double *v =
+				    &loads[((size_t)i * sw->n_moe + li->moe_index) * sw->ep];
+				for (int32_t x = 0; x < sw->ep; x++) {
+					/* n as run_rank computes it. */
+					double n = v[x] * li->n_bal;
+					sum[x] += n;
+					most[x] = n > most[x] ? n : most[x];
+				}
+			}
+		}
+}
 
 /* The largest expert's rows in sample (it, i, k) of group g, each rank's
  * experts scaled as sample_share clamps the rank's factor. experts holds
@@ -629,27 +660,9 @@ static void sample_share(run *r, int32_t t, int64_t it, int32_t g, double *exper
 		return;
 	envelope_rows(w, r->loads, r->trig_policy >= 0 ? r->trig : NULL, t, r->threads, r->top,
 	              r->rb);
-	for (int32_t i = t; i < w->m; i += r->threads)
-		for (int32_t s = 0; s < w->p; s++) {
-			double *sum = &r->sum_n[((size_t)s * w->m + i) * w->ep];
-			double *most = &r->max_n[((size_t)s * w->m + i) * w->ep];
-			for (int32_t x = 0; x < w->ep; x++)
-				sum[x] = most[x] = 0;
-			const stage_info *si = &w->stages[s];
-			for (int32_t l = 0; l < si->n_layers; l++) {
-				const layer_info *li = &si->layers[l];
-				if (li->moe_index < 0)
-					continue;
-				const double *v =
-				    &r->loads[((size_t)i * w->n_moe + li->moe_index) * w->ep];
-				for (int32_t x = 0; x < w->ep; x++) {
-					/* n as run_rank computes it. */
-					double n = v[x] * li->n_bal;
-					sum[x] += n;
-					most[x] = n > most[x] ? n : most[x];
-				}
-			}
-		}
+	stage_sums(w, r->loads, t, r->threads, r->sum_n, r->max_n);
+	if (r->w3)
+		stage_sums(r->w3, r->loads, t, r->threads, r->sum_n3, r->max_n3);
 }
 
 /* A distinct rank and its bound, for sorting. */
@@ -680,6 +693,8 @@ static void static_memory(run *r, int32_t k, const world *pw, const envelope *en
 	const kiln_sim_policy *pol = r->pols[k];
 	const kiln_sim_result *out = &r->out[k];
 	int32_t p = pw->p, m = pw->m, ep = pw->ep;
+	const double *sum_n = pw == r->w3 ? r->sum_n3 : r->sum_n;
+	const double *max_n = pw == r->w3 ? r->max_n3 : r->max_n;
 	for (int32_t s = 0; s < p; s++) {
 		const stage_info *si = &pw->stages[s];
 		double a = ceil(si->fixed_bytes - 1e-6), c = 0, ta = 0, tc = 0;
@@ -699,8 +714,8 @@ static void static_memory(run *r, int32_t k, const world *pw, const envelope *en
 		for (int32_t u = 0; u < r->n_uniq; u++) {
 			int32_t x = r->uniq[u];
 			double most = 0, win = 0;
-			const double *sum = &r->sum_n[(size_t)s * m * ep + (size_t)x];
-			const double *top = &r->max_n[(size_t)s * m * ep + (size_t)x];
+			const double *sum = &sum_n[(size_t)s * m * ep + (size_t)x];
+			const double *top = &max_n[(size_t)s * m * ep + (size_t)x];
 			for (int32_t i = 0; i < m; i++) {
 				/* This micro-batch and the window before it. */
 				win += a + c * sum[(size_t)i * ep];
@@ -815,6 +830,8 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 	const kiln_sim_config *cfg = r->cfg;
 	const world *w = r->w;
 	const world *pw = r->policies[k] == KILN_SIM_KILN_NO_OFFLOAD ? r->w2 : r->w;
+	if (r->policies[k] == KILN_SIM_ADAPIPE && r->w3)
+		pw = r->w3; /* on its own partition: its own stages and their times */
 	kiln_sim_result *out = &r->out[k];
 	envelope env = {.loads = r->loads,
 	                .top = r->top,
@@ -840,6 +857,13 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 		 * could raise a peak or fail, untimed. */
 		run_rank(pw, r->pols[k], unb, &env, -1, 1, 0, 1, 0, pw->p, sc);
 		static_memory(r, k, pw, &env, unb, sc);
+	} else if (pw == r->w3) {
+		/* adapipe's own partition, timed rank by rank: the per-stage
+		 * distinct ranks are those of w's stages, so every rank with
+		 * distinct loads over the whole iteration, in full. */
+		for (int32_t j = 0; j < r->n_uniq; j++)
+			run_rank(pw, r->pols[k], unb, &env, r->uniq[j], r->weight[j], 1, 1, 0,
+			         pw->p, sc);
 	} else {
 		/* An adaptive policy: on each stage, every rank with distinct
 		 * loads there, in full. */
@@ -1093,10 +1117,11 @@ static int check_counts(const kiln_compilation *c, FILE *err)
 int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policies, int32_t n,
                  kiln_arena *a, FILE *err, kiln_sim_result *out)
 {
-	world w, w2;
+	world w, w2, w3;
 	const kiln_compilation *c = cfg->c;
 	if (check_counts(c, err) != 0 ||
-	    (cfg->c_no_offload && check_counts(cfg->c_no_offload, err)))
+	    (cfg->c_no_offload && check_counts(cfg->c_no_offload, err)) ||
+	    (cfg->c_adapipe && check_counts(cfg->c_adapipe, err)))
 		return -1;
 	if (build_world(c, a, &w) != 0) {
 		fprintf(err, "kilnc: error: simulate: out of memory\n");
@@ -1104,13 +1129,28 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	}
 	if (cfg->c_no_offload && build_world(cfg->c_no_offload, a, &w2) != 0)
 		return -1;
+	if (cfg->c_adapipe && (cfg->c_adapipe->graph->n_stages != w.p ||
+	                       cfg->c_adapipe->model->micro_batches != c->model->micro_batches ||
+	                       build_world(cfg->c_adapipe, a, &w3) != 0)) {
+		fprintf(err, "kilnc: error: simulate: adapipe's compilation does not match the "
+		             "model's pipeline\n");
+		return -1;
+	}
 	if (n < 1 || n > 64) {
 		fprintf(err, "kilnc: error: simulate: 1 to 64 policies at a time, got %d\n", (int)n);
 		return -1;
 	}
 	int32_t threads = threads_for(cfg, n);
-	run r = {.cfg = cfg, .w = &w, .w2 = &w2, .policies = policies, .out = out, .err = err,
-	         .n = n, .threads = threads, .gate = PTHREAD_MUTEX_INITIALIZER,
+	run r = {.cfg = cfg,
+	         .w = &w,
+	         .w2 = &w2,
+	         .w3 = cfg->c_adapipe ? &w3 : NULL,
+	         .policies = policies,
+	         .out = out,
+	         .err = err,
+	         .n = n,
+	         .threads = threads,
+	         .gate = PTHREAD_MUTEX_INITIALIZER,
 	         .opened = PTHREAD_COND_INITIALIZER};
 	r.groups = cfg->max_groups > 0 && cfg->max_groups < w.groups ? cfg->max_groups : w.groups;
 	r.trig_policy = -1;
@@ -1134,6 +1174,8 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	size_t n_lay = (size_t)w.p * (size_t)w.m * w.stride;
 	if (cfg->c_no_offload && w2.stride > w.stride)
 		n_lay = (size_t)w.p * (size_t)w.m * w2.stride;
+	if (r.w3 && (size_t)w.p * (size_t)w.m * w3.stride > n_lay)
+		n_lay = (size_t)w.p * (size_t)w.m * w3.stride;
 	worker wks[KILN_SIM_MAX_THREADS];
 	memset(wks, 0, sizeof wks);
 	r.loads = calloc(n_loads, sizeof(double));
@@ -1143,6 +1185,8 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	size_t n_sums = (size_t)w.p * (size_t)w.m * (size_t)w.ep;
 	r.sum_n = malloc(sizeof(double) * n_sums);
 	r.max_n = malloc(sizeof(double) * n_sums);
+	r.sum_n3 = r.w3 ? malloc(sizeof(double) * n_sums) : NULL;
+	r.max_n3 = r.w3 ? malloc(sizeof(double) * n_sums) : NULL;
 	r.n_slots = 2;
 	while (r.n_slots < 2 * (size_t)w.ep)
 		r.n_slots *= 2;
@@ -1177,9 +1221,10 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	r.iter_sum = calloc((size_t)n, sizeof(double));
 	r.since_ckpt = calloc((size_t)n, sizeof(double));
 	int rc = -1, started = 0, barrier = 0;
-	int ok = r.loads && r.top && r.rb && r.trig && r.sum_n && r.max_n && r.slots && r.uniq &&
-	         r.weight && r.uniq_s && r.weight_s && r.n_uniq_s && r.stage_rows && r.all_rows &&
-	         r.stage_begin && r.pols && r.ops && r.iter_sum && r.since_ckpt;
+	int ok = r.loads && r.top && r.rb && r.trig && r.sum_n && r.max_n &&
+	         (!r.w3 || (r.sum_n3 && r.max_n3)) && r.slots && r.uniq && r.weight && r.uniq_s &&
+	         r.weight_s && r.n_uniq_s && r.stage_rows && r.all_rows && r.stage_begin &&
+	         r.pols && r.ops && r.iter_sum && r.since_ckpt;
 	for (int32_t t = 0; t < threads && ok; t++)
 		ok = scratch_new(&w, n_lay, &wks[t].sc) == 0;
 	if (!ok) {
@@ -1190,6 +1235,8 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	for (int32_t k = 0; k < n; k++) {
 		int no_off = policies[k] == KILN_SIM_KILN_NO_OFFLOAD;
 		const kiln_compilation *pc = no_off ? cfg->c_no_offload : c;
+		if (policies[k] == KILN_SIM_ADAPIPE && cfg->c_adapipe)
+			pc = cfg->c_adapipe;
 		if (!pc) {
 			fprintf(err, "kilnc: error: simulate: kiln:no-offload needs its compilation\n");
 			goto out;
@@ -1268,6 +1315,8 @@ out:
 	free(r.trig);
 	free(r.sum_n);
 	free(r.max_n);
+	free(r.sum_n3);
+	free(r.max_n3);
 	free(r.slots);
 	free(r.uniq);
 	free(r.weight);

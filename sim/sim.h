@@ -257,7 +257,8 @@ double kiln_pipe_peak_bytes(const kiln_pipe_work *w, const kiln_pipe_result *r, 
 	X(MEGATRON_SELECTIVE, "megatron-selective",                                                \
 	  "Megatron-Core --recompute-modules and activation offloading, static, for load 1")       \
 	X(STATIC_AGGRESSIVE, "static-aggressive", "keep nearly everything, static")                \
-	X(ADAPIPE, "adapipe", "AdaPipe (ASPLOS'24): per-stage recompute by DP at a design load")   \
+	X(ADAPIPE, "adapipe",                                                                      \
+	  "AdaPipe (ASPLOS'24): stage partition and per-stage recompute by DP at load 1.2")        \
 	X(MINDSPEED, "mindspeed",                                                                  \
 	  "MindSpeed 2.1.0_core_r0.8.0 (1e898a29) --moe-adaptive-recompute-activation: the "       \
 	  "whole MoE layer checkpointed when the previous forward's largest expert exceeded 2x "   \
@@ -378,6 +379,10 @@ typedef struct kiln_sim_config {
 	const kiln_rt *rt;                /* its blob, for the kiln policies */
 	const struct kiln_compilation *c_no_offload; /* kiln:no-offload's compilation */
 	const kiln_rt *rt_no_offload;                /* and its blob (NULL without) */
+	/* adapipe's compilation on its own partition (the model with
+	 * stage_layers set to kiln_adapipe_partition's split; the same pp and
+	 * micro-batches), or NULL: adapipe then runs on cfg->c's split. */
+	const struct kiln_compilation *c_adapipe;
 	const kiln_load_profile *loads;
 	int64_t iterations;
 	uint64_t seed;

@@ -173,6 +173,7 @@ void kt_model_init(kt_model *t)
 	m->attention = KILN_ATTN_FLASH;
 	m->activation = KILN_FN_SWIGLU;
 	m->moe_activation = KILN_FN_SWIGLU;
+	m->activation_fn = m->moe_activation_fn = KILN_ACTFN_SWIGLU;
 	/* The memory options of the hand calculations written before they
 	 * existed: separate q, k, v, no saved rstd, probabilities on the expert
 	 * output, int32 row map. Tests of the defaults set them (the frontend

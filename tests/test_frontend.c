@@ -794,6 +794,62 @@ Test(frontend_rules, schedule_vpp_and_pp)
 	               "(global_batch / (micro_batch * dp) = 3) to be a multiple of pp (2)");
 }
 
+/* Each activation value: its shape for the lowering (gated or not) and the
+ * function as named; model.moe.activation defaults to model.activation;
+ * linear_bias defaults to false (Megatron's add_bias_linear is set per
+ * model). */
+Test(frontend_valid, activation_values_and_linear_bias)
+{
+	static const struct {
+		const char *name;
+		kiln_act_fn fn;
+		kiln_fn shape;
+	} cases[] = {
+	    {"swiglu", KILN_ACTFN_SWIGLU, KILN_FN_SWIGLU},
+	    {"gelu", KILN_ACTFN_GELU, KILN_FN_GELU},
+	    {"geglu", KILN_ACTFN_GEGLU, KILN_FN_SWIGLU},
+	    {"quick_geglu", KILN_ACTFN_QUICK_GEGLU, KILN_FN_SWIGLU},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char text[1024];
+		snprintf(text, sizeof text,
+		         DENSE_MODEL "  activation: %s\n"
+		                     "  moe: {experts: 4, top_k: 2, expert_ffn_hidden: 32}\n"
+		                     "  linear_bias: %s\n"
+		                     "training: {global_batch: 4}\n"
+		                     "parallel: {devices: 1}\n"
+		                     "hardware: bw1000\n",
+		         cases[i].name, i % 2 ? "true" : "false");
+		kiln_model *m = load_ok(text);
+		cr_expect_eq(m->activation_fn, cases[i].fn, "%s", cases[i].name);
+		cr_expect_eq(m->moe_activation_fn, cases[i].fn, "%s", cases[i].name);
+		cr_expect_eq(m->activation, cases[i].shape, "%s", cases[i].name);
+		cr_expect_eq(m->moe_activation, cases[i].shape, "%s", cases[i].name);
+		cr_expect_eq(m->linear_bias, i % 2 == 1, "%s", cases[i].name);
+	}
+	kiln_model *m = load_ok(DENSE_MODEL "  moe: {experts: 4, top_k: 2, expert_ffn_hidden: 32,\n"
+	                                    "        activation: quick_geglu}\n"
+	                                    "training: {global_batch: 4}\n"
+	                                    "parallel: {devices: 1}\n"
+	                                    "hardware: bw1000\n");
+	cr_expect_eq(m->activation_fn, KILN_ACTFN_SWIGLU); /* the default */
+	cr_expect_eq(m->moe_activation_fn, KILN_ACTFN_QUICK_GEGLU);
+	cr_expect_not(m->linear_bias);
+}
+
+Test(frontend_rules, moe_activation_and_linear_bias_errors)
+{
+	expect_invalid(DENSE_MODEL "  moe: {experts: 4, top_k: 2, expert_ffn_hidden: 32,\n"
+	                           "        activation: clamped_geglu}\n"
+	                           "  linear_bias: 1\n"
+	                           "training: {global_batch: 4}\n"
+	                           "parallel: {devices: 1}\n"
+	                           "hardware: bw1000\n",
+	               "m.yaml:10:21: error: activation must be one of swiglu, gelu, geglu, "
+	               "quick_geglu; got 'clamped_geglu'");
+	expect_in_diag("m.yaml:11:16: error: linear_bias must be true or false, got '1'");
+}
+
 Test(frontend_rules, enums_list_allowed_values)
 {
 	expect_invalid(DENSE_MODEL "  attention: slow\n"
@@ -802,7 +858,8 @@ Test(frontend_rules, enums_list_allowed_values)
 	                           "parallel: {devices: 1, schedule: gpipe}\n"
 	                           "hardware: bw1000\n",
 	               "m.yaml:9:14: error: attention must be one of flash, eager; got 'slow'");
-	expect_in_diag("m.yaml:10:15: error: activation must be one of swiglu, gelu; got 'relu'");
+	expect_in_diag("m.yaml:10:15: error: activation must be one of swiglu, gelu, geglu, "
+	               "quick_geglu; got 'relu'");
 	expect_in_diag("m.yaml:11:36: error: dtype must be one of bf16, fp16, fp8, fp32; got 'fp64'");
 	expect_in_diag("m.yaml:11:53: error: optimizer must be one of adam, sgd; got 'lion'");
 	expect_in_diag("m.yaml:12:34: error: schedule must be one of 1f1b, interleaved; got "

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include "codegen/codegen.h"
+#include "costmodel/costmodel.h"
+#include "frontend/frontend.h"
 #include "kiln_test.h"
 
 #define RUN(...) kt_kilnc((const char *const[]){__VA_ARGS__, NULL}, NULL)
@@ -273,4 +275,34 @@ Test(import, wrapped_configs_unknown_fields_and_defaults)
 	kt_run_free(&r);
 	unlink(cfg);
 	free(cfg);
+}
+
+/* gpt-oss's clamped quick GeGLU and its biases (Megatron-Bridge's
+ * gpt_oss_bridge.py: gated_linear_unit, quick_gelu, add_bias_linear) are
+ * stated; a Mixtral import keeps swiglu without biases. The model's FLOPs
+ * follow: the import of gpt-oss-120b at seq 4096 counts 27.16 GFLOP/token
+ * (tests/test_flops.c's hand calculation). */
+Test(import, gpt_oss_states_quick_geglu_and_biases)
+{
+	const char *args[] = {"--devices", "64",        "--pp", "4", "--ep",
+	                      "8",         "--seq-len", "4096", NULL};
+	char *yaml = import_ok(kt_src("examples/hf/gpt-oss-120b.json"), args);
+	kiln_arena *a = kiln_arena_new();
+	kiln_model *m;
+	cr_assert_eq(kiln_frontend_load_file(yaml, a, stderr, &m), KILN_FRONTEND_OK);
+	cr_expect_eq(m->moe_activation_fn, KILN_ACTFN_QUICK_GEGLU);
+	cr_expect(m->linear_bias);
+	cr_expect(fabs(kiln_cost_model_flops_per_token(m) / 27164491776.0 - 1) < 1e-9, "%g",
+	          kiln_cost_model_flops_per_token(m));
+	kiln_arena_free(a);
+	unlink(yaml);
+	free(yaml);
+	yaml = import_ok(kt_src("examples/hf/mixtral-8x22b.json"), args);
+	a = kiln_arena_new();
+	cr_assert_eq(kiln_frontend_load_file(yaml, a, stderr, &m), KILN_FRONTEND_OK);
+	cr_expect_eq(m->moe_activation_fn, KILN_ACTFN_SWIGLU);
+	cr_expect_not(m->linear_bias);
+	kiln_arena_free(a);
+	unlink(yaml);
+	free(yaml);
 }

@@ -323,6 +323,7 @@ Test(lower_moe, prob_apply_activation_gelu)
 	kt_model tm;
 	moe_model(&tm);
 	tm.m.moe_activation = KILN_FN_GELU;
+	tm.m.moe_activation_fn = KILN_ACTFN_GELU;
 	tm.m.prob_apply = KILN_PROB_ACTIVATION;
 	tm.m.moe_permute_fusion = false;
 	kiln_arena *a;
@@ -333,6 +334,38 @@ Test(lower_moe, prob_apply_activation_gelu)
 	cr_expect_eq(tensor_per_n(g, l, "moe.expert_act_raw"), 256);
 	cr_expect(tensor_saved(g, l, "moe.expert_act_raw"));
 	kiln_arena_free(a);
+}
+
+/* Gated experts: Megatron-Core fuses the probabilities into SwiGLU and
+ * quick GeGLU (experts.py:964-981), not into GeGLU, whose unfused multiply
+ * saves the activation's output (experts.py:996-1013). Per row, gated (up
+ * width 2*128): perm_idx 8 + expert_in 128 + expert_probs 4 + expert_up
+ * 2*256 + expert_act 2*128 = 908 for quick GeGLU, and 908 + expert_act_raw
+ * 2*128 = 1164 for GeGLU. */
+Test(lower_moe, prob_apply_activation_gated_functions)
+{
+	static const struct {
+		kiln_act_fn fn;
+		int64_t per_n;
+		bool raw;
+	} cases[] = {{KILN_ACTFN_QUICK_GEGLU, 908, false}, {KILN_ACTFN_GEGLU, 1164, true}};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		kt_model tm;
+		moe_model(&tm);
+		tm.m.moe_activation = KILN_FN_SWIGLU;
+		tm.m.moe_activation_fn = cases[i].fn;
+		tm.m.prob_apply = KILN_PROB_ACTIVATION;
+		tm.m.moe_permute_fusion = false;
+		kiln_arena *a;
+		kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
+		int32_t l = first_layer_of(g, KILN_LAYER_MOE);
+		cr_expect_eq(kiln_cost_layer_activation(g, l).per_n, cases[i].per_n, "fn %d",
+		             (int)cases[i].fn);
+		cr_expect_eq(tensor_per_n(g, l, "moe.expert_up"), 512);
+		cr_expect_eq(find_tensor(g, l, "moe.expert_act_raw") >= 0, cases[i].raw, "fn %d",
+		             (int)cases[i].fn);
+		kiln_arena_free(a);
+	}
 }
 
 /* combine: the probabilities multiply the combined rows on the token side,

@@ -112,6 +112,82 @@ Test(costmodel_step, causal_attention_and_kernel_floor)
 	kiln_arena_free(a);
 }
 
+/* The exponentials of flash attention on the special-function units
+ * (hardware sfu_tops), added to the tensor-core time: 4 heads * 128^2 / 2
+ * causal scores = 32,768 exponentials, at 1e9 per second (sfu_tops 0.001)
+ * 32.768 us, forward and backward (the backward recomputes them once).
+ * Forward 4.194304 + 32.768 + 2 (floor) = 38.962304 us; backward 2.5x the
+ * FLOPs, 10.48576 us, + 32.768 + 2 = 45.25376 us. */
+Test(costmodel_step, attention_exponentials_on_the_sfu)
+{
+	kt_model tm;
+	kt_model_init(&tm);
+	tm.m.layers = 1;
+	tm.m.hw.peak_tflops = 1;
+	tm.m.hw.hbm_gbps = 1e12;
+	tm.m.hw.sfu_tops = 0.001;
+	kt_model_finish(&tm);
+	kiln_arena *a;
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
+	kiln_cost_step_params p = params();
+	const kiln_ir_op *core = op_named(g, "attn.core", false);
+	cr_expect(fabs(kiln_cost_step_op_us(g, core, 0, &p) - 38.962304) < 1e-6);
+	const kiln_ir_op *bwd = op_named(g, "attn.core.bwd", true);
+	cr_expect(fabs(kiln_cost_step_op_us(g, bwd, 0, &p) - 45.25376) < 1e-6);
+	/* No figure, no term (other profiles). */
+	tm.m.hw.sfu_tops = 0;
+	cr_expect(fabs(kiln_cost_step_op_us(g, core, 0, &p) - (4.194304 + 2)) < 1e-6);
+	kiln_arena_free(a);
+}
+
+/* What Megatron-Core runs beyond the fused kernels the lowering counts
+ * (docs/cost-model.md, "What Megatron-Core runs"), on moe_model (h 64,
+ * experts of 32, 256 rows on 2 local experts, bf16) at 3000 GB/s (3e6
+ * bytes per us) with a 2 us kernel floor:
+ * - quick GeGLU's clamps and cat: forward 256 * 2*32 * 4*2 = 131,072 bytes
+ *   and 3 kernels: +0.043690667 + 6 us; backward 256 * 64 * 3*2 = 98,304
+ *   bytes, 2 kernels: +0.032768 + 4 us;
+ * - fc2 biases: forward 256 * 64 * (24 + 2*2) = 458,752 bytes, 2*2 + 2
+ *   kernels: +0.152917333 + 12 us; backward 256 * 64 * (32 + 4) = 589,824
+ *   bytes, 5*2 + 1 kernels: +0.196608 + 22 us;
+ * - the loss over 128 tokens of 1000 logits: forward 128,000 * (2 + 20) +
+ *   4*128 = 2,816,512 bytes, 3 kernels: 0.938837333 + 6 us; backward
+ *   128,000 * (2 + 12) + 8*128 = 1,793,024 bytes, 2 kernels: 0.597674667 + 4
+ *   us. */
+Test(costmodel_step, megatron_extra_passes)
+{
+	kt_model tm;
+	moe_model(&tm, 2, 4);
+	kiln_arena *a;
+	kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
+	kiln_cost_step_params p = params();
+	const char *names[] = {"moe.expert_act", "moe.expert_down"};
+	double before[2][2];
+	for (int i = 0; i < 2; i++)
+		for (int b = 0; b < 2; b++) {
+			char name[64];
+			snprintf(name, sizeof name, "%s%s", names[i], b ? ".bwd" : "");
+			before[i][b] = kiln_cost_step_op_us(g, op_named(g, name, b), 256, &p);
+		}
+	tm.m.moe_activation_fn = KILN_ACTFN_QUICK_GEGLU;
+	tm.m.linear_bias = true;
+	static const double extra[2][2] = {{0.043690667 + 6, 0.032768 + 4},
+	                                   {0.152917333 + 12, 0.196608 + 22}};
+	for (int i = 0; i < 2; i++)
+		for (int b = 0; b < 2; b++) {
+			char name[64];
+			snprintf(name, sizeof name, "%s%s", names[i], b ? ".bwd" : "");
+			double t = kiln_cost_step_op_us(g, op_named(g, name, b), 256, &p);
+			cr_expect(fabs(t - before[i][b] - extra[i][b]) < 1e-6, "%s: %.9f", name,
+			          t - before[i][b]);
+		}
+	double loss = kiln_cost_step_op_us(g, op_named(g, "head.loss", false), 256, &p);
+	cr_expect(fabs(loss - (0.938837333 + 6)) < 1e-6, "loss %.9f", loss);
+	double loss_b = kiln_cost_step_op_us(g, op_named(g, "head.loss.bwd", true), 256, &p);
+	cr_expect(fabs(loss_b - (0.597674667 + 4)) < 1e-6, "loss.bwd %.9f", loss_b);
+	kiln_arena_free(a);
+}
+
 /* The all-to-all over the topology: ep 16 on nodes of 8 (NVLink 400 GB/s at
  * 0.9, inter-node 50 GB/s at 0.5), 256 rows of 64 bf16 values (128 bytes):
  * 32,768 bytes. alltoall: 7/16 to the node's other ranks (14,336 bytes,
@@ -236,6 +312,36 @@ Test(costmodel_step, hardware_figures_validated)
 	cr_expect_float_eq(p.inter_node_efficiency, 1.0, 1e-12);
 	cr_expect_eq(p.gemm_half_rows, 0.0);
 	cr_expect_eq(p.host_layer_us, 0.0);
+	cr_expect_eq(hw.sfu_tops, 0.0); /* absent: no exponential term */
+	unlink(path);
+	free(path);
+	snprintf(text, sizeof text, "%ssfu_tops: 3.9\n", base);
+	path = kt_temp_file(".yaml", text, strlen(text));
+	cr_assert_eq(kiln_frontend_load_hardware(path, a, NULL, &hw), 0);
+	cr_expect_float_eq(hw.sfu_tops, 3.9, 1e-12);
+	unlink(path);
+	free(path);
+	snprintf(text, sizeof text, "%ssfu_tops: 0\n", base);
+	path = kt_temp_file(".yaml", text, strlen(text));
+	char *d0 = NULL;
+	size_t l0 = 0;
+	FILE *f0 = open_memstream(&d0, &l0);
+	cr_assert_neq(kiln_frontend_load_hardware(path, a, f0, &hw), 0);
+	fclose(f0);
+	cr_expect_not_null(strstr(d0, ":14:11: error: sfu_tops must be positive"), "%s", d0);
+	free(d0);
+	unlink(path);
+	free(path);
+	snprintf(text, sizeof text, "%ssfu_tops: 1e-300\n", base);
+	path = kt_temp_file(".yaml", text, strlen(text));
+	d0 = NULL;
+	f0 = open_memstream(&d0, &l0);
+	cr_assert_neq(kiln_frontend_load_hardware(path, a, f0, &hw), 0);
+	fclose(f0);
+	cr_expect_not_null(
+	    strstr(d0, ":14:11: error: sfu_tops (1e-300) is out of range [1e-06, 1e+07]"), "%s",
+	    d0);
+	free(d0);
 	unlink(path);
 	free(path);
 	snprintf(text, sizeof text,

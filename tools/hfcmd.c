@@ -88,6 +88,9 @@ typedef struct shape {
 	int64_t q_lora, kv_lora, rope, v_head;
 	bool moe;
 	int64_t experts, shared, top_k, expert_ffn;
+	/* GPT-OSS: a clamped quick GeGLU and biases on every linear layer
+	 * (Megatron-Bridge's gpt_oss_bridge.py; docs/model-format.md). */
+	bool quick_geglu_bias;
 } shape;
 
 /* Reading one config: every problem is reported, then the import stops. */
@@ -242,6 +245,7 @@ static int read_shape(reader *r, family f, shape *s)
 	}
 	case FAM_MIXTRAL:
 	case FAM_GPT_OSS:
+		s->quick_geglu_bias = f == FAM_GPT_OSS;
 		s->moe = true;
 		s->experts = positive(r, "num_local_experts");
 		s->top_k = positive(r, "num_experts_per_tok");
@@ -426,7 +430,10 @@ static int write_yaml(FILE *f, void *ctx)
 	fprintf(f, "  heads: %lld\n  kv_heads: %lld\n  head_dim: %lld\n", (long long)s->heads,
 	        (long long)s->kv_heads, (long long)s->head_dim);
 	fprintf(f, "  vocab: %lld\n  seq_len: %lld\n", (long long)s->vocab, (long long)L->seq);
-	fputs("  attention: flash\n  activation: swiglu\n", f);
+	fprintf(f, "  attention: flash\n  activation: %s\n",
+	        s->quick_geglu_bias ? "quick_geglu" : "swiglu");
+	if (s->quick_geglu_bias)
+		fputs("  linear_bias: true\n", f);
 	if (s->mla) {
 		fputs("  mla:\n", f);
 		if (s->q_lora > 0)

@@ -105,6 +105,45 @@ static int compile_model(const kiln_model *m, bool no_offload, kiln_arena *a,
 	return KILNC_EXIT_OK;
 }
 
+/* adapipe's partition of c's model (kiln_adapipe_partition) into *split
+ * and, when it differs from the model's own split, the model with that
+ * split compiled into c3 (arena a3; *c3_used set). Returns a KILNC_EXIT_
+ * status. */
+static int adapipe_compile(const kiln_compilation *c, kiln_arena *a3, kiln_model *m3,
+                           kiln_adapipe_split *split, kiln_compilation *c3, bool *c3_used)
+{
+	const kiln_model *m = c->model;
+	kiln_adapipe *x;
+	*c3_used = false;
+	if (kiln_adapipe_new(c, a3, &x) != 0 || kiln_adapipe_partition(x, a3, split) != 0) {
+		fprintf(stderr, "kilnc: error: out of memory searching adapipe's partition\n");
+		return KILNC_EXIT_INPUT;
+	}
+	if (split->kept)
+		return KILNC_EXIT_OK;
+	bool same = m->n_stage_layers == (size_t)split->n_stages;
+	for (int32_t s = 0; same && s < split->n_stages; s++)
+		same = m->stage_layers[s] == split->layers[s];
+	if (same)
+		return KILNC_EXIT_OK;
+	/* The model with an explicit stage_layers (docs/model-format.md):
+	 * vpp is 1 here, so one entry per stage. */
+	*m3 = *m;
+	m3->stage_layers = split->layers;
+	m3->n_stage_layers = (size_t)split->n_stages;
+	*c3 = (kiln_compilation){.model = m3, .arena = a3, .progress = c->progress};
+	int prc = kiln_pipeline_compile(c3, NULL, NULL, NULL, stderr);
+	if (prc != 0) {
+		if (prc != -3)
+			fprintf(stderr,
+			        "kilnc: error: compiling %s on adapipe's partition failed\n",
+			        m->name);
+		return KILNC_EXIT_INPUT;
+	}
+	*c3_used = true;
+	return KILNC_EXIT_OK;
+}
+
 static int fill_json(FILE *f, void *doc)
 {
 	int rc = kiln_json_write(doc, f);
@@ -310,7 +349,7 @@ int kilnc_simulate(int argc, char **argv)
 		return usage("%s", "'simulate' needs --policy P[,P...] (or --policy all)");
 	kiln_sim_policy_kind kinds[KILN_SIM_POLICY_COUNT];
 	int32_t n = 0;
-	bool need_no_offload = false;
+	bool need_no_offload = false, need_adapipe = false;
 	if (!policy) {
 		/* --emit-loads alone: no policy to run. */
 	} else if (strcmp(policy, "all") == 0) {
@@ -334,7 +373,8 @@ int kilnc_simulate(int argc, char **argv)
 		}
 	}
 	for (int32_t j = 0; j < n; j++)
-		need_no_offload |= kinds[j] == KILN_SIM_KILN_NO_OFFLOAD;
+		need_no_offload |= kinds[j] == KILN_SIM_KILN_NO_OFFLOAD,
+		    need_adapipe |= kinds[j] == KILN_SIM_ADAPIPE;
 	int64_t n_iters = 100, n_groups = 0, n_ckpt = 100;
 	uint64_t n_seed = 1;
 	double restart_s = 284;
@@ -356,15 +396,17 @@ int kilnc_simulate(int argc, char **argv)
 		return KILNC_EXIT_USAGE;
 
 	int rc = KILNC_EXIT_INPUT;
-	kiln_arena *a = kiln_arena_new(), *a2 = kiln_arena_new();
-	kiln_model *m = NULL;
-	kiln_compilation c, c2;
+	kiln_arena *a = kiln_arena_new(), *a2 = kiln_arena_new(), *a3 = kiln_arena_new();
+	kiln_model *m = NULL, m3;
+	kiln_compilation c, c2, c3;
+	kiln_adapipe_split split = {0};
+	bool c3_used = false;
 	unsigned char *blob = NULL, *blob2 = NULL, *file_bytes = NULL;
 	kiln_rt *rt = NULL, *rt2 = NULL, *file_rt = NULL;
 	kiln_load_profile *prof = NULL;
 	kiln_sim_result *res = NULL;
 	kiln_out *loads_out = NULL, *trace_out = NULL;
-	if (!a || !a2) {
+	if (!a || !a2 || !a3) {
 		fprintf(stderr, "kilnc: error: out of memory\n");
 		goto out;
 	}
@@ -431,6 +473,8 @@ int kilnc_simulate(int argc, char **argv)
 	}
 	if (need_no_offload && (rc = compile_model(m, true, a2, &c2, &blob2, &rt2)) != 0)
 		goto out;
+	if (need_adapipe && (rc = adapipe_compile(&c, a3, &m3, &split, &c3, &c3_used)) != 0)
+		goto out;
 	rc = KILNC_EXIT_INPUT;
 	res = calloc((size_t)n, sizeof *res);
 	if (!res)
@@ -439,6 +483,7 @@ int kilnc_simulate(int argc, char **argv)
 	                       .rt = file_rt ? file_rt : rt,
 	                       .c_no_offload = need_no_offload ? &c2 : NULL,
 	                       .rt_no_offload = rt2,
+	                       .c_adapipe = c3_used ? &c3 : NULL,
 	                       .loads = prof,
 	                       .iterations = n_iters,
 	                       .seed = n_seed,
@@ -498,6 +543,26 @@ int kilnc_simulate(int argc, char **argv)
 			kiln_json *pk = kiln_json_add_array(o, "peak_bytes");
 			for (int32_t s = 0; s < r->n_stages; s++)
 				kiln_json_add_number(pk, NULL, r->peak_bytes[s]);
+			if (r->policy != KILN_SIM_ADAPIPE)
+				continue;
+			/* The partition it ran on (docs/cli.md). */
+			kiln_json *pt = kiln_json_add_object(o, "partition");
+			kiln_json_add_bool(pt, "searched", split.kept == NULL);
+			if (split.kept)
+				kiln_json_add_string(pt, "kept", split.kept);
+			kiln_json_add_bool(pt, "fits", split.fits);
+			kiln_json *sl = kiln_json_add_array(pt, "stage_layers");
+			/* Predicted times, when every stage fits (a stage that
+			 * does not has none). */
+			kiln_json *su = split.fits ? kiln_json_add_array(pt, "stage_us") : NULL;
+			for (int32_t s = 0; s < split.n_stages; s++) {
+				kiln_json_add_i64(sl, NULL, split.layers[s]);
+				if (su)
+					kiln_json_add_number(su, NULL, split.stage_us[s]);
+			}
+			kiln_json *ml = kiln_json_add_array(pt, "model_stage_layers");
+			for (size_t ch = 0; ch < m->n_stage_layers; ch++)
+				kiln_json_add_i64(ml, NULL, m->stage_layers[ch]);
 		}
 		/* A failed write is reported, with its reason, by main's
 		 * finish_output. */
@@ -534,6 +599,20 @@ int kilnc_simulate(int argc, char **argv)
 		}
 		char cb[32];
 		print_bytes(cb, sizeof cb, c.budgets[0].capacity_bytes);
+		if (need_adapipe && split.kept) {
+			printf("\nadapipe partition: the model's split, kept (%s)\n", split.kept);
+		} else if (need_adapipe) {
+			printf("\nadapipe partition (layers per stage, chosen with each stage's "
+			       "recompute at load %.1f):",
+			       KILN_BASELINE_DESIGN_LOAD);
+			for (int32_t s = 0; s < split.n_stages; s++)
+				printf(" %lld", (long long)split.layers[s]);
+			printf("; slowest stage %.0f us per micro-batch\nmodel's split:",
+			       split.max_us);
+			for (size_t ch = 0; ch < m->n_stage_layers; ch++)
+				printf(" %lld", (long long)m->stage_layers[ch]);
+			printf("\n");
+		}
 		printf("\npeak: the largest device memory of any stage (capacity %s); lost: restarts "
 		       "plus progress since the last checkpoint; recomp, copy: exposed time, averaged "
 		       "over stages, summed over micro-batches and iterations\n",
@@ -552,5 +631,6 @@ out:
 	free(blob2);
 	kiln_arena_free(a);
 	kiln_arena_free(a2);
+	kiln_arena_free(a3);
 	return rc;
 }
