@@ -99,6 +99,14 @@ struct kiln_sim_policy {
 	 * its point in the table (plan -1 until then), as a decision repeats
 	 * the last one's plan most of the time. */
 	int32_t (*last_point)[2];
+	/* megatron-paged-stash: per stage its stash (has_stash[s] 0 for a
+	 * stage without MoE layers), and the rerun's policy (NULL in the
+	 * rerun itself). */
+	kiln_sim_stash *stash;
+	uint8_t *has_stash;
+	kiln_sim_policy *rerun;
+	const char *recipe; /* the recompute flags it runs beside the stash */
+	int recipe_fits;    /* whether they fit at the design load */
 };
 
 /* The form of actions for set in f; returns f (NULL when f is). */
@@ -314,6 +322,9 @@ static int prepare_static(kiln_sim_policy *p, kiln_arena *a)
 		case KILN_SIM_ADAPIPE:
 			p->actions[k] = c->pool->actions[c->baselines[KILN_BASELINE_ADAPIPE].plan[k]];
 			break;
+		case KILN_SIM_MEGATRON_PAGED_STASH:
+			p->actions[k] = NULL; /* stash_recipe fills them */
+			break;
 		default:
 			p->actions[k] = steady_actions(c, k);
 			break;
@@ -438,8 +449,525 @@ int32_t kiln_sim_policy_full_layers(const kiln_sim_policy *p)
 	return p->full_layer ? p->full_layers : -1;
 }
 
+/* megatron-paged-stash (docs/simulator.md, "The paged stash").
+ *
+ * What Megatron pages: inside the fused grouped MLP, every saved tensor
+ * Transformer Engine marks with grouped_tensor_scale_inv
+ * (TransformerEngine transformer_engine/pytorch/utils.py:308
+ * mark_grouped_tensor, called at ops/fused/grouped_mlp.py:1749 on fc1's
+ * input, the activation's input, the probability scales and fc2's input;
+ * commit d0067d0) goes through PagedStashManager.on_save_for_backward
+ * (Megatron-LM megatron/core/transformer/moe/paged_stash.py:684-778,
+ * commit d98e8a6). In kiln's units: the expert units produced by the
+ * dispatch (expert input and its probabilities), by expert_up and by
+ * expert_act. */
+static int stash_paged_unit(const kiln_compilation *c, const kiln_unit *u)
+{
+	if (!(u->flags & KILN_UNIT_EXPERT))
+		return 0;
+	kiln_op_kind k = c->graph->ops[u->producer].kind;
+	return k == KILN_OP_DISPATCH || k == KILN_OP_EXPERT_UP || k == KILN_OP_EXPERT_ACT;
+}
+
+/* The stash of stage s for set (its MoE unit set), as Megatron sizes it.
+ * Budget: HybridEP's receive budget, tokens * top_k * CF rounded up to
+ * the alignment (megatron/core/transformer/moe/token_dispatcher.py:
+ * 1098-1109), tokens * top_k being the balanced rows. Average rows:
+ * max_num_tokens // CF (moe/experts.py:766-775). Buffer: during its
+ * first (capture) step Megatron sums the average rows of the tensors held
+ * at once and keeps the peak (paged_stash.py:723-748); in 1F1B that is
+ * every MoE layer of the stage for each of its W in-flight micro-batches;
+ * the CUDA buffer holds int(peak * cuda_factor) rows in whole pages, the
+ * host buffer int(peak * cpu_factor) (paged_stash.py:551-632 and
+ * PagedStashBuffer, :69-81). Each (dtype, hidden) key has its own buffer
+ * of that many pages; every key of a layer asks for the same pages, so
+ * one page count stands for all of them and row_bytes sums their
+ * widths. */
+static void stash_size(const kiln_compilation *c, const kiln_unit_set *set,
+                       const kiln_sim_stash_flags *fl, int32_t window, kiln_sim_stash *out)
+{
+	const kiln_model *m = c->model;
+	double bal = c->graph->layers[set->layer].n_balanced, row = 0;
+	for (int32_t u = 0; u < set->n_units; u++)
+		if (stash_paged_unit(c, &set->units[u]))
+			row += (double)set->units[u].bytes.per_n;
+	double align = fl->align_rows > 0 ? fl->align_rows : 1;
+	double budget = floor(bal * fl->rank_capacity_factor);
+	budget = ceil(budget / align) * align;
+	double avg = floor(budget / fl->rank_capacity_factor);
+	double peak = (double)window * (double)set->n_layers * avg;
+	double pr = fl->page_rows;
+	/* Whole pages, saturated (never an out-of-range conversion). */
+	double cp = ceil(floor(peak * fl->cuda_factor) / pr);
+	double hp = fl->cpu_factor > 0 ? ceil(floor(peak * fl->cpu_factor) / pr) : 0;
+	int64_t cuda = cp < 9e18 ? (int64_t)cp : INT64_MAX;
+	int64_t host = hp < 9e18 ? (int64_t)hp : INT64_MAX;
+	*out = (kiln_sim_stash){.flags = *fl,
+	                        .row_bytes = row,
+	                        .budget_rows = budget,
+	                        .avg_rows = avg,
+	                        .cuda_pages = cuda,
+	                        .host_pages = host,
+	                        .cuda_bytes = (double)cuda * pr * row,
+	                        .host_bytes = (double)host * pr * row,
+	                        .experts = m->moe && m->ep > 0 ? (int32_t)(m->experts / m->ep) : 1};
+}
+
+double kiln_sim_stash_padded_rows(const kiln_sim_stash *st, double rows)
+{
+	if (!(rows > 0))
+		return 0;
+	double e = st->experts > 0 ? st->experts : 1, al = st->flags.align_rows;
+	double n = ceil(rows - 1e-9);
+	double q = floor(n / e), r = n - q * e;
+	if (!(al > 1))
+		return n;
+	return r * ceil((q + 1) / al) * al + (e - r) * ceil(q / al) * al;
+}
+
+double kiln_sim_stash_padded_rows_of(const kiln_sim_stash *st, double rows, const double *shares)
+{
+	if (!shares)
+		return kiln_sim_stash_padded_rows(st, rows);
+	if (!(rows > 0))
+		return 0;
+	/* Whole rows, apportioned by largest remainder: each expert the
+	 * floor of its share of the rank's rows, then one more to the largest
+	 * remainders (ties to the lower expert) until they add up. */
+	double al = st->flags.align_rows > 1 ? st->flags.align_rows : 1, sum = 0;
+	int32_t e = st->experts > 0 ? st->experts : 1;
+	double n = ceil(rows - 1e-9), given = 0;
+	double nj[KILN_SIM_STASH_MAX_EXPERTS], rem[KILN_SIM_STASH_MAX_EXPERTS];
+	if (e > KILN_SIM_STASH_MAX_EXPERTS)
+		return kiln_sim_stash_padded_rows(st, rows);
+	for (int32_t j = 0; j < e; j++) {
+		double x = n * (shares[j] > 0 ? shares[j] : 0);
+		nj[j] = floor(x);
+		rem[j] = x - nj[j];
+		given += nj[j];
+	}
+	for (double left = n - given; left >= 1; left--) {
+		int32_t best = 0;
+		for (int32_t j = 1; j < e; j++)
+			best = rem[j] > rem[best] ? j : best;
+		nj[best] += 1;
+		rem[best] = -1;
+	}
+	for (int32_t j = 0; j < e; j++)
+		sum += nj[j] > 0 ? ceil(nj[j] / al) * al : 0;
+	return sum;
+}
+
+int64_t kiln_sim_stash_pages(const kiln_sim_stash *st, double padded_rows)
+{
+	if (!(padded_rows > 0))
+		return 0;
+	double pg = ceil(padded_rows / st->flags.page_rows);
+	return pg < 9e18 ? (int64_t)pg : INT64_MAX;
+}
+
+double kiln_sim_stash_place(const kiln_sim_stash *st, const kiln_hardware *hw, double n,
+                            const double *shares, double f_us, double b_us, int64_t *cuda,
+                            int64_t *host, int64_t used_c, int64_t used_h, int *overflowed,
+                            double *spilled, int *dropped)
+{
+	double rows = kiln_sim_stash_padded_rows_of(st, n, shares);
+	if (rows > st->budget_rows) {
+		*dropped = 1;
+		rows = st->budget_rows;
+	}
+	int64_t pg = kiln_sim_stash_pages(st, rows);
+	if (*overflowed || pg == 0)
+		return 0;
+	double bytes = rows * st->row_bytes; /* the kernel copies the padded rows */
+	double hbm = hw->hbm_gbps > 0 ? 2 * bytes / (hw->hbm_gbps * 1e3) : 0;
+	if (st->cuda_pages - used_c - *cuda >= pg) {
+		*cuda += pg;
+		return 2 * hbm;
+	}
+	if (st->host_pages - used_h - *host >= pg) {
+		*host += pg;
+		*spilled += bytes;
+		double d2h = hw->d2h_gbps > 0 ? bytes / (hw->d2h_gbps * 1e3) : 0;
+		double h2d = hw->h2d_gbps > 0 ? bytes / (hw->h2d_gbps * 1e3) : 0;
+		return hbm + (d2h > f_us ? d2h - f_us : 0) + (h2d > b_us ? h2d - b_us : 0);
+	}
+	*overflowed = 1;
+	return 0;
+}
+
+int kiln_sim_policy_stash(const kiln_sim_policy *p, int32_t s, kiln_sim_stash *out)
+{
+	if (!p->stash || s < 0 || s >= p->c->graph->n_stages || !p->has_stash[s])
+		return -1;
+	*out = p->stash[s];
+	return 0;
+}
+
+const kiln_sim_policy *kiln_sim_policy_rerun(const kiln_sim_policy *p)
+{
+	return p ? p->rerun : NULL;
+}
+
+/* Megatron-Core's --recompute-modules that act on units the stash does
+ * not page, mapped to the ops whose outputs they drop (the mapping of
+ * passes/baselines.c module_of; issue 17 item 1 folds both into one):
+ * layernorm, core_attn, mla_up_proj, shared_experts. moe_act is covered
+ * by the stash, moe (the whole MoE layer) would checkpoint what the stash
+ * pages, and expert_fc1 and moe_act cannot be offloaded beside it
+ * (Megatron-LM transformer_config.py:2210-2230). */
+enum { STASH_MOD_LAYERNORM, STASH_MOD_CORE_ATTN, STASH_MOD_MLA_UP, STASH_MOD_SHARED, STASH_N_MODS };
+static const char *const STASH_MOD_NAMES[STASH_N_MODS] = {"layernorm", "core_attn", "mla_up_proj",
+                                                          "shared_experts"};
+
+static int stash_module_of(kiln_op_kind k)
+{
+	switch (k) {
+	case KILN_OP_NORM:
+	case KILN_OP_Q_NORM:
+	case KILN_OP_KV_NORM:
+		return STASH_MOD_LAYERNORM;
+	case KILN_OP_ATTN_CORE:
+	case KILN_OP_ATTN_DROPOUT:
+		return STASH_MOD_CORE_ATTN;
+	case KILN_OP_Q_UP:
+	case KILN_OP_KV_UP:
+		return STASH_MOD_MLA_UP;
+	case KILN_OP_SHARED_UP:
+	case KILN_OP_SHARED_ACT:
+		return STASH_MOD_SHARED;
+	default:
+		return -1;
+	}
+}
+
+/* Megatron-Core's --offload-modules allowed beside the stash, each
+ * offloading the input of its module (transformer_config.py:1323-1342:
+ * attn_norm, the attention norm's input; qkv_linear, the QKV projection's
+ * (the MLA down projections'); core_attn, core attention's; attn_proj,
+ * the output projection's; mlp_norm, the second norm's), with Megatron's
+ * rule that attn_proj needs core_attn (transformer_config.py:2148-2152). */
+enum {
+	STASH_OFF_ATTN_NORM,
+	STASH_OFF_QKV,
+	STASH_OFF_CORE_ATTN,
+	STASH_OFF_ATTN_PROJ,
+	STASH_OFF_MLP_NORM,
+	STASH_N_OFFS
+};
+static const char *const STASH_OFF_NAMES[STASH_N_OFFS] = {"attn_norm", "qkv_linear", "core_attn",
+                                                          "attn_proj", "mlp_norm"};
+
+/* The offload module whose input is tensor t of layer L, or -1. The
+ * layer's first norm is the attention's, the next the MLP's. */
+static int stash_offload_of(const kiln_ir_graph *g, const kiln_ir_layer *L, int32_t t)
+{
+	int norms = 0, found = -1;
+	for (int32_t o = L->op_begin; o < L->op_end && found < 0; o++) {
+		const kiln_ir_op *op = &g->ops[o];
+		if (op->backward)
+			continue;
+		int mod = -1;
+		switch (op->kind) {
+		case KILN_OP_NORM:
+			mod = norms++ == 0 ? STASH_OFF_ATTN_NORM : STASH_OFF_MLP_NORM;
+			break;
+		case KILN_OP_QKV_PROJ:
+		case KILN_OP_Q_DOWN:
+		case KILN_OP_KV_DOWN:
+			mod = STASH_OFF_QKV;
+			break;
+		case KILN_OP_ATTN_CORE:
+			mod = STASH_OFF_CORE_ATTN;
+			break;
+		case KILN_OP_OUT_PROJ:
+			mod = STASH_OFF_ATTN_PROJ;
+			break;
+		default:
+			break;
+		}
+		for (int32_t k = 0; mod >= 0 && k < op->n_inputs; k++)
+			if (op->inputs[k] == t)
+				found = mod;
+	}
+	return found;
+}
+
+/* The actions of recompute-module set rmods (bits of STASH_MOD_*) and
+ * offload-module set omods (bits of STASH_OFF_*) for set: those modules'
+ * units recomputed (never the layer input) or offloaded, the paged units
+ * and everything else kept. Returns -1 when a unit would be both
+ * recomputed and offloaded (such a recipe is skipped), else 0. */
+static int stash_actions(const kiln_compilation *c, const kiln_unit_set *set, unsigned rmods,
+                         unsigned omods, uint8_t *out)
+{
+	const kiln_ir_layer *L = &c->graph->layers[set->layer];
+	for (int32_t u = 0; u < set->n_units; u++) {
+		const kiln_unit *un = &set->units[u];
+		out[u] = KILN_ACT_KEEP;
+		if (stash_paged_unit(c, un))
+			continue;
+		int mod = stash_module_of(c->graph->ops[un->producer].kind);
+		int rec = mod >= 0 && (rmods >> mod & 1) && !(un->flags & KILN_UNIT_LAYER_INPUT);
+		int off = omods ? stash_offload_of(c->graph, L, un->tensor) : -1;
+		off = off >= 0 && (omods >> off & 1);
+		if (rec && off)
+			return -1;
+		out[u] = rec ? KILN_ACT_RECOMPUTE : off ? KILN_ACT_OFFLOAD : KILN_ACT_KEEP;
+	}
+	return 0;
+}
+
+/* The recipe the paged stash runs beside, as a team turning the stash on
+ * would tune it (one flag set for the job): of the sets of the four
+ * recompute modules above and the five offload modules (attn_proj only
+ * with core_attn), the one with the least exposed time at the design load
+ * (KILN_BASELINE_DESIGN_LOAD: per stage the sum over its layers of each
+ * plan's exposed time at that load's bucket, the slowest stage counting;
+ * ties to fewer modules) with which every stage fits there with every
+ * in-flight micro-batch and the stash in place (static bytes, CUDA pages,
+ * the window's unpaged bytes, the largest transient with the budget's
+ * rows). Where none fits, the set that overshoots least (the run then
+ * fails, as it would). Fills p->actions and p->recipe (arena-owned). */
+/* One set's actions already scheduled, and their exposed time. */
+typedef struct stash_seen {
+	struct stash_seen *next;
+	double exposed_us;
+	uint8_t actions[];
+} stash_seen;
+
+static int stash_recipe(kiln_sim_policy *p, kiln_arena *a)
+{
+	const kiln_compilation *c = p->c;
+	int32_t nb = c->n_buckets;
+	int32_t bd = kiln_plan_bucket_of(c->buckets, nb, KILN_BASELINE_DESIGN_LOAD);
+	bd = bd < nb ? bd : nb - 1;
+	uint8_t *x = kiln_arena_alloc(a, KILN_PLAN_MAX_UNITS);
+	stash_seen **seen = kiln_arena_alloc(a, sizeof(stash_seen *) * (size_t)(c->n_sets + 1));
+	if (!x || !seen)
+		return -1;
+	memset(seen, 0, sizeof(stash_seen *) * (size_t)(c->n_sets + 1));
+	unsigned best = 0, closest = 0;
+	double best_us = INFINITY, least_over = INFINITY;
+	int any_fits = 0;
+	unsigned n_r = 1u << STASH_N_MODS, n_o = 1u << STASH_N_OFFS;
+	for (unsigned combo = 0; combo < n_r * n_o; combo++) {
+		unsigned rmods = combo % n_r, omods = combo / n_r;
+		if ((omods >> STASH_OFF_ATTN_PROJ & 1) && !(omods >> STASH_OFF_CORE_ATTN & 1))
+			continue;
+		int valid = 1;
+		double worst_over = -INFINITY;
+		for (int32_t s = 0; s < c->graph->n_stages && valid; s++) {
+			const kiln_stage_budget *bu = &c->budgets[s];
+			double win = ceil(bu->inflight), held = bu->fixed_bytes, tr = 0, extra = 0;
+			win = win >= 1 ? win : 1;
+			for (int32_t k = 0; k < c->n_sets && valid; k++) {
+				const kiln_unit_set *set = &c->sets[k];
+				if (set->stage != s)
+					continue;
+				if (stash_actions(c, set, rmods, omods, x) != 0 ||
+				    kiln_plan_valid(set, x) != 0) {
+					valid = 0;
+					break;
+				}
+				double n = set->kind == KILN_LAYER_MOE
+				               ? KILN_BASELINE_DESIGN_LOAD *
+				                     c->graph->layers[set->layer].n_balanced
+				               : 0;
+				kiln_plan_bytes b;
+				kiln_plan_bytes_at(set, x, n, &b);
+				double paged = 0, t = b.transient;
+				if (set->kind == KILN_LAYER_MOE && p->has_stash[s]) {
+					const kiln_sim_stash *st = &p->stash[s];
+					paged = st->row_bytes * n;
+					extra = st->cuda_bytes;
+					t += st->row_bytes * st->budget_rows;
+				}
+				held += (double)set->n_layers * (b.resident - paged);
+				tr = t > tr ? t : tr;
+			}
+			double over =
+			    bu->static_bytes + extra + win * held + tr - bu->capacity_bytes;
+			worst_over = over > worst_over ? over : worst_over;
+		}
+		if (!valid)
+			continue;
+		if (worst_over < least_over) {
+			least_over = worst_over;
+			closest = combo;
+		}
+		if (worst_over > 0)
+			continue;
+		/* It fits: its time, the slowest stage's. Modules a model lacks
+		 * give the same actions: each set's are scheduled once. */
+		double slowest = 0;
+		for (int32_t s = 0; s < c->graph->n_stages; s++) {
+			double stage_us = 0;
+			for (int32_t k = 0; k < c->n_sets; k++) {
+				if (c->sets[k].stage != s)
+					continue;
+				int32_t nu = c->sets[k].n_units;
+				stash_actions(c, &c->sets[k], rmods, omods, x);
+				double ex = NAN;
+				for (stash_seen *q = seen[k]; q && isnan(ex); q = q->next)
+					if (memcmp(q->actions, x, (size_t)nu) == 0)
+						ex = q->exposed_us;
+				if (isnan(ex)) {
+					cost co;
+					ex = cost_of(c, k, bd, x, &co) == 0 ? co.exposed_us : 0;
+					stash_seen *q =
+					    kiln_arena_alloc(a, sizeof *q + (size_t)nu + 1);
+					if (!q)
+						return -1;
+					memcpy(q->actions, x, (size_t)nu);
+					q->exposed_us = ex;
+					q->next = seen[k];
+					seen[k] = q;
+				}
+				stage_us += (double)c->sets[k].n_layers * ex;
+			}
+			slowest = stage_us > slowest ? stage_us : slowest;
+		}
+		int fewer = __builtin_popcount(combo) < __builtin_popcount(best);
+		if (!any_fits || slowest < best_us || (slowest == best_us && fewer)) {
+			any_fits = 1;
+			best = combo;
+			best_us = slowest;
+		}
+	}
+	unsigned combo = any_fits ? best : closest;
+	unsigned rmods = combo % n_r, omods = combo / n_r;
+	p->recipe_fits = any_fits;
+	for (int32_t k = 0; k < c->n_sets; k++) {
+		const kiln_unit_set *set = &c->sets[k];
+		uint8_t *act = kiln_arena_alloc(a, (size_t)set->n_units + 1);
+		if (!act)
+			return -1;
+		stash_actions(c, set, rmods, omods, act);
+		p->actions[k] = act;
+	}
+	char buf[512];
+	int len = 0;
+	if (rmods) {
+		len += snprintf(buf + len, sizeof buf - (size_t)len,
+		                "--recompute-granularity selective --recompute-modules");
+		for (int b = 0; b < STASH_N_MODS; b++)
+			if (rmods >> b & 1)
+				len += snprintf(buf + len, sizeof buf - (size_t)len, " %s",
+				                STASH_MOD_NAMES[b]);
+	}
+	if (omods) {
+		len += snprintf(buf + len, sizeof buf - (size_t)len,
+		                "%s--fine-grained-activation-offloading --offload-modules",
+		                rmods ? " " : "");
+		for (int b = 0; b < STASH_N_OFFS; b++)
+			if (omods >> b & 1)
+				len += snprintf(buf + len, sizeof buf - (size_t)len, " %s",
+				                STASH_OFF_NAMES[b]);
+	}
+	if (!rmods && !omods)
+		snprintf(buf, sizeof buf, "no recompute, no offload");
+	char *r = kiln_arena_alloc(a, strlen(buf) + 1);
+	if (!r)
+		return -1;
+	memcpy(r, buf, strlen(buf) + 1);
+	p->recipe = r;
+	return 0;
+}
+
+const char *kiln_sim_policy_recipe(const kiln_sim_policy *p, int *fits)
+{
+	if (fits)
+		*fits = p ? p->recipe_fits : 0;
+	return p ? p->recipe : NULL;
+}
+
+/* megatron-paged-stash's stashes (from flags, checked) and recipe. */
+static int stash_prepare(kiln_sim_policy *p, const kiln_sim_stash_flags *flags, kiln_arena *a,
+                         FILE *err)
+{
+	const kiln_compilation *c = p->c;
+	kiln_sim_stash_flags fl = flags ? *flags : KILN_SIM_STASH_DEFAULTS;
+	if (!(fl.rank_capacity_factor > 0 && fl.rank_capacity_factor < 1e6) ||
+	    !(fl.cuda_factor >= 0 && fl.cuda_factor < 1e6) ||
+	    !(fl.cpu_factor >= 0 && fl.cpu_factor < 1e6) || fl.page_rows < 1 || fl.align_rows < 0) {
+		fprintf(err,
+		        "kilnc: error: simulate: megatron-paged-stash: the capacity factor must be "
+		        "above 0, the CUDA and CPU buffer factors at least 0 (Megatron's negative, "
+		        "measured sizing is not modelled), the page size at least 1 row and the "
+		        "alignment at least 0\n");
+		return -1;
+	}
+	int32_t p_st = c->graph->n_stages;
+	p->stash = kiln_arena_alloc(a, sizeof(kiln_sim_stash) * (size_t)(p_st + 1));
+	p->has_stash = kiln_arena_alloc(a, (size_t)p_st + 1);
+	if (!p->stash || !p->has_stash)
+		return -1;
+	memset(p->has_stash, 0, (size_t)p_st + 1);
+	for (int32_t s = 0; s < p_st; s++) {
+		p->stash[s] = (kiln_sim_stash){.flags = fl};
+		double win = ceil(c->budgets[s].inflight);
+		for (int32_t k = 0; k < c->n_sets; k++)
+			if (c->sets[k].stage == s && c->sets[k].kind == KILN_LAYER_MOE) {
+				stash_size(c, &c->sets[k], &fl, win >= 1 ? (int32_t)win : 1,
+				           &p->stash[s]);
+				p->has_stash[s] = 1;
+			}
+	}
+	return stash_recipe(p, a);
+}
+
+/* The first attempt's bytes: the paged units leave the plan's resident
+ * bytes (they are in the stash, counted with the stage's static bytes),
+ * and during an MoE layer its compute buffers (forward) and reloaded
+ * tensors (backward) take the budget's rows of every paged tensor
+ * (PagedStashManager.reload_paged_tensors allocates original_shape,
+ * paged_stash.py:516-549). Then the rerun: the same plan with nothing
+ * paged, every unit at its rows. */
+static int stash_forms(kiln_sim_policy *p, kiln_arena *a)
+{
+	const kiln_compilation *c = p->c;
+	kiln_sim_policy *r = kiln_arena_alloc(a, sizeof *r);
+	if (!r)
+		return -1;
+	*r = *p;
+	r->stash = NULL;
+	r->has_stash = NULL;
+	r->rerun = NULL;
+	/* The same actions: the cost cache is shared (one thread runs both). */
+	r->forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
+	if (!r->forms)
+		return -1;
+	r->hot_forms = r->forms;
+	for (int32_t k = 0; k < c->n_sets; k++) {
+		const kiln_unit_set *set = &c->sets[k];
+		r->forms[k] = kiln_arena_alloc(a, sizeof(plan_form));
+		if (!r->forms[k])
+			return -1;
+		*r->forms[k] = *p->forms[k];
+		if (set->kind != KILN_LAYER_MOE || !p->has_stash[set->stage])
+			continue;
+		const kiln_sim_stash *st = &p->stash[set->stage];
+		uint64_t paged = 0;
+		for (int32_t u = 0; u < set->n_units; u++)
+			if (stash_paged_unit(c, &set->units[u]))
+				paged += set->units[u].bytes.per_n;
+		p->forms[k]->res_per_n -= (double)paged;
+		p->forms[k]->tr_base += st->row_bytes * st->budget_rows;
+	}
+	p->rerun = r;
+	return 0;
+}
+
 int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const kiln_rt *rt,
                         kiln_arena *a, FILE *err, kiln_sim_policy **out)
+{
+	return kiln_sim_policy_new_stash(k, c, rt, NULL, a, err, out);
+}
+
+int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const kiln_compilation *c, const kiln_rt *rt,
+                              const kiln_sim_stash_flags *flags, kiln_arena *a, FILE *err,
+                              kiln_sim_policy **out)
 {
 	*out = NULL;
 	kiln_sim_policy *p = kiln_arena_alloc(a, sizeof *p);
@@ -469,6 +997,8 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const
 			p->last_point[i][0] = p->last_point[i][1] = -1;
 	} else if (prepare_static(p, a) != 0) {
 		return -1;
+	} else if (k == KILN_SIM_MEGATRON_PAGED_STASH && stash_prepare(p, flags, a, err) != 0) {
+		return -1;
 	} else {
 		p->forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
 		p->hot_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
@@ -484,7 +1014,8 @@ int kiln_sim_policy_new(kiln_sim_policy_kind k, const kiln_compilation *c, const
 			if (!p->forms[s] || !p->hot_forms[s])
 				return -1;
 		}
-		if (k == KILN_SIM_MINDSPEED && mindspeed_block(p, a) != 0)
+		if ((k == KILN_SIM_MINDSPEED && mindspeed_block(p, a) != 0) ||
+		    (k == KILN_SIM_MEGATRON_PAGED_STASH && stash_forms(p, a) != 0))
 			return -1;
 	}
 	*out = p;
@@ -627,7 +1158,9 @@ int kiln_sim_policy_trigger(const kiln_sim_policy *p, double *out_multiple)
 int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const uint64_t *buckets,
                                   int cold, int hot, double *out)
 {
-	if (p->rt || !p->costs)
+	/* The paged stash's time and bytes depend on the pages its earlier
+	 * layers hold: followed as an adaptive policy is. */
+	if (p->rt || !p->costs || p->kind == KILN_SIM_MEGATRON_PAGED_STASH)
 		return -1;
 	/* Without a second plan, the one plan is the cold one. */
 	cold |= !p->hot_actions;
@@ -663,7 +1196,7 @@ int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const u
 int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *res_base,
                                 double *res_per_n, double *tr_base, double *tr_per_n)
 {
-	if (p->rt || !p->forms)
+	if (p->rt || !p->forms || p->kind == KILN_SIM_MEGATRON_PAGED_STASH)
 		return -1;
 	const plan_form *f = p->forms[set], *h = p->hot_forms[set];
 	*res_base = f->res_base > h->res_base ? f->res_base : h->res_base;

@@ -247,6 +247,13 @@ typedef struct scratch {
 	struct ranked *order; /* the distinct ranks by bound */
 	int oom;
 	int64_t over_budget;
+	/* megatron-paged-stash: per micro-batch of the current stage the CUDA
+	 * and host pages it holds; whether a device of this attempt overflowed
+	 * its stash or received more rows than its budget; and the most bytes
+	 * one device spilled to host. */
+	int64_t *st_cuda, *st_host;
+	int stash_overflow, stash_over_budget;
+	double spilled;
 	kiln_rt *acct;        /* mirror of the kiln policy's memory, or NULL */
 	kiln_progress *meter; /* the run's status line (decisions done), or NULL */
 	int64_t acct_checks, acct_mismatches;
@@ -259,6 +266,11 @@ typedef struct envelope {
 	const double *loads;          /* [(i * n_moe + k) * ep + r] */
 	const double *top;            /* per (i, k): the largest factor over the ranks */
 	const struct row_buckets *rb; /* per (i, k): the load buckets the ranks take */
+	/* megatron-paged-stash: per (i, k, rank) each local expert's share of
+	 * the rank's rows, [((i * n_moe + k) * ep + r) * e + j]; NULL when no
+	 * policy needs them. */
+	const double *shares;
+	int32_t e;
 	const uint8_t *trig;          /* per (i, k): a trigger policy's state (1: fired) */
 } envelope;
 
@@ -332,10 +344,18 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
                      int32_t rank, int64_t weight, int memory, int timed, int32_t s0, int32_t s1,
                      scratch *sc)
 {
+	const kiln_hardware *hw = &w->c->model->hw;
 	double multiple;
 	int triggered = kiln_sim_policy_trigger(pol, &multiple) && env->trig;
 	for (int32_t s = s0; s < s1; s++) {
 		const stage_info *si = &w->stages[s];
+		/* megatron-paged-stash's first attempt: the stage's CUDA pages
+		 * are held all the time, beside the static bytes; the device's
+		 * overflow flag stops every later stash of the step (Megatron's
+		 * copy kernel, moe/ops/paged_stash.py:50-98). */
+		kiln_sim_stash st;
+		int stash = kiln_sim_policy_stash(pol, s, &st) == 0, overflowed = 0;
+		double stat = si->static_bytes + (stash ? st.cuda_bytes : 0), spilled = 0;
 		if (sc->acct)
 			kiln_rt_acct_reset(sc->acct, s, 0);
 		for (int32_t i = 0; i < w->m; i++) {
@@ -352,6 +372,15 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 					others += sc->held[j];
 			uint32_t pending = i < si->window - 1 ? (uint32_t)(si->window - 1 - i) : 0;
 			double cur = ceil(si->fixed_bytes - 1e-6), transient = 0;
+			/* Pages the window before micro-batch i holds (freed, as its
+			 * bytes are, by the backward of the micro-batch leaving it). */
+			int64_t used_c = 0, used_h = 0;
+			if (stash) {
+				sc->st_cuda[i] = sc->st_host[i] = 0;
+				for (int32_t j = i - si->window + 1; j < i; j++)
+					if (j >= 0)
+						used_c += sc->st_cuda[j], used_h += sc->st_host[j];
+			}
 			if (sc->acct && kiln_rt_acct_record(sc->acct, (uint32_t)i,
 			                                    KILN_ACCT_PRODUCED, u64_sat(cur)) != 0)
 				sc->acct_mismatches++;
@@ -374,7 +403,7 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 				}
 				if (li->set >= 0) {
 					kiln_sim_choice ch;
-					double free_b = si->capacity - si->static_bytes - others - cur;
+					double free_b = si->capacity - stat - others - cur;
 					if (fired >= 0)
 						kiln_sim_policy_decide_triggered(
 						    pol, li->set, li->model_layer, n, fired, &ch);
@@ -431,6 +460,22 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 						ch.copy_us = bound - ch.recompute_us;
 						ch.exposed_us = bound;
 					}
+					if (stash && li->moe_index >= 0) {
+						const double *sh =
+						    env->shares && rank >= 0
+						        ? &env->shares[(((size_t)i * w->n_moe +
+						                         (size_t)li->moe_index) *
+						                            (size_t)w->ep +
+						                        (size_t)rank) *
+						                       (size_t)env->e]
+						        : NULL;
+						double extra = kiln_sim_stash_place(
+						    &st, hw, n, sh, f, b, &sc->st_cuda[i],
+						    &sc->st_host[i], used_c, used_h, &overflowed,
+						    &spilled, &sc->stash_over_budget);
+						ch.exposed_us += extra;
+						ch.copy_us += extra;
+					}
 					cur += ch.resident_bytes;
 					if (sc->acct) {
 						kiln_acct ac;
@@ -461,11 +506,13 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 			sc->held[i] = cur;
 			if (!memory)
 				continue;
-			double device = si->static_bytes + others + cur + transient;
+			double device = stat + others + cur + transient;
 			sc->peak[s] = device > sc->peak[s] ? device : sc->peak[s];
 			if (!unbounded && device > si->capacity)
 				sc->oom = 1;
 		}
+		sc->stash_overflow |= overflowed;
+		sc->spilled = spilled > sc->spilled ? spilled : sc->spilled;
 		kiln_progress_add(sc->meter, (int64_t)si->n_layers * w->m);
 	}
 }
@@ -505,6 +552,11 @@ typedef struct run {
 	int32_t n, groups, threads;
 	double *loads, *top;
 	row_buckets *rb;
+	/* Per (micro-batch, MoE layer, rank) its local experts' shares of its
+	 * rows (envelope.shares), when a policy needs them (the paged stash),
+	 * else NULL; e local experts per rank. */
+	double *shares;
+	int32_t e;
 	/* Per (stage, micro-batch, rank): the sum and the largest of the
 	 * rank's rows over the stage's MoE layers (the statistical method's
 	 * memory bound for static policies). */
@@ -533,6 +585,12 @@ typedef struct run {
 	 * device ran out of memory, the exposed recompute and copies. */
 	double worst[64], rec[64], copy[64];
 	int oom[64];
+	/* megatron-paged-stash, this iteration: the rerun's slowest group,
+	 * failure, exposed times and peaks (per policy, p stages each), and
+	 * the first attempt's triggers and the most any device spilled. */
+	double worst2[64], rec2[64], copy2[64], spilled[64];
+	int oom2[64], overflow[64], dropped[64];
+	double *peak2;
 	double *iter_sum, *since_ckpt;
 	int32_t order[64]; /* the policies in the order the threads take them */
 	atomic_int next;   /* the next of order to take in this group */
@@ -552,6 +610,25 @@ typedef struct worker {
 	scratch sc;
 	pthread_t id;
 } worker;
+
+/* The local experts' shares of each rank's rows in group g's sample (it,
+ * i, k) (kiln_load_sample_experts, normalised per rank; a rank without
+ * rows splits evenly), so that they apply to the rows the simulator uses
+ * after clamping the factors. */
+static void expert_shares(run *r, int64_t it, int32_t i, int32_t k, int32_t g)
+{
+	const world *w = r->w;
+	size_t e = (size_t)r->e;
+	double *x = &r->shares[((size_t)i * w->n_moe + k) * (size_t)w->ep * e];
+	kiln_load_sample_experts(r->cfg->loads, &w->shape, r->cfg->seed, it, i, k, g, x);
+	for (int32_t q = 0; q < w->ep; q++) {
+		double *v = &x[(size_t)q * e], sum = 0;
+		for (size_t j = 0; j < e; j++)
+			sum += v[j] > 0 ? v[j] : 0;
+		for (size_t j = 0; j < e; j++)
+			v[j] = sum > 0 ? (v[j] > 0 ? v[j] / sum : 0) : 1.0 / (double)e;
+	}
+}
 
 /* Per (stage of sw, micro-batch i0, i0 + step, ..., rank): the sum and the
  * largest of the rank's rows over the stage's MoE layers. The loads are
@@ -647,6 +724,8 @@ static void sample_share(run *r, int32_t t, int64_t it, int32_t g, double *exper
 				continue;
 			}
 			kiln_load_sample(cfg->loads, &w->shape, cfg->seed, it, i, k, g, v);
+			if (r->shares)
+				expert_shares(r, it, i, k, g);
 			/* A trace can ask for any factor; no rank receives more rows
 			 * than routing can send it (docs/simulator.md, "Traces"). */
 			for (int32_t x = 0; x < w->ep; x++)
@@ -753,14 +832,20 @@ static void static_memory(run *r, int32_t k, const world *pw, const envelope *en
 }
 
 /* Whether ranks a and b have the same load in each of the n samples at
- * offsets list[0 .. n) (compared as numbers: 0 and -0 alike). */
-static int same_loads(const world *w, const double *loads, const size_t *list, size_t n, int32_t a,
-                      int32_t b)
+ * offsets list[0 .. n) (compared as numbers: 0 and -0 alike), and, when
+ * the run keeps them, the same experts' shares. */
+static int same_loads(const run *r, const size_t *list, size_t n, int32_t a, int32_t b)
 {
+	const world *w = r->w;
+	size_t e = (size_t)r->e;
 	for (size_t j = 0; j < n; j++) {
 		size_t x = list[j] * (size_t)w->ep;
-		if (loads[x + (size_t)a] != loads[x + (size_t)b])
+		if (r->loads[x + (size_t)a] != r->loads[x + (size_t)b])
 			return 0;
+		for (size_t q = 0; r->shares && q < e; q++)
+			if (r->shares[(x + (size_t)a) * e + q] !=
+			    r->shares[(x + (size_t)b) * e + q])
+				return 0;
 	}
 	return 1;
 }
@@ -789,7 +874,7 @@ static int32_t distinct_of(run *r, const size_t *list, size_t n, int32_t *uniq, 
 		int32_t found = -1;
 		for (; r->slots[at] >= 0; at = (at + 1) & (r->n_slots - 1)) {
 			int32_t u = r->slots[at];
-			if (same_loads(w, r->loads, list, n, uniq[u], k)) {
+			if (same_loads(r, list, n, uniq[u], k)) {
 				found = u;
 				break;
 			}
@@ -823,9 +908,11 @@ static void distinct_ranks(run *r)
 	}
 }
 
-/* Policy k through one group's iteration it. Returns -1 when the
- * pipeline failed to simulate. */
-static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
+/* Policy k (its policy object pol: megatron-paged-stash's rerun for the
+ * second attempt, second 1) through one group's iteration it. Returns -1
+ * when the pipeline failed to simulate. */
+static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, int64_t it,
+                   scratch *sc)
 {
 	const kiln_sim_config *cfg = r->cfg;
 	const world *w = r->w;
@@ -836,44 +923,50 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 	envelope env = {.loads = r->loads,
 	                .top = r->top,
 	                .rb = r->rb,
+	                .shares = r->shares,
+	                .e = r->e,
 	                .trig = k == r->trig_policy ? r->trig : NULL};
 	memset(sc->layer_f, 0, sizeof(double) * sc->n_lay);
 	memset(sc->layer_b, 0, sizeof(double) * sc->n_lay);
 	memset(sc->peak, 0, sizeof(double) * (size_t)w->p);
 	sc->oom = 0;
-	sc->acct = r->policies[k] == KILN_SIM_KILN ? cfg->acct_rt : NULL;
+	sc->stash_overflow = sc->stash_over_budget = 0;
+	sc->spilled = 0;
+	sc->acct = r->policies[k] == KILN_SIM_KILN && !second ? cfg->acct_rt : NULL;
 	sc->acct_checks = sc->acct_mismatches = 0;
 	int unb = r->policies[k] == KILN_SIM_UNBOUNDED;
 	double probe;
 	if (cfg->exact) {
 		for (int32_t x = 0; x < w->ep; x++)
-			run_rank(pw, r->pols[k], unb, &env, x, 1, 1, 1, 0, pw->p, sc);
+			run_rank(pw, pol, unb, &env, x, 1, 1, 1, 0, pw->p, sc);
 	} else if (pw->monotone && w->ep > 1 && pw->c->n_sets > 0 &&
 	           pw->c->n_buckets <= KILN_SIM_MAX_BUCKETS &&
-	           kiln_sim_policy_exposed_bound(r->pols[k], 0, r->rb[0].bits, 1, 0, &probe) == 0) {
+	           kiln_sim_policy_exposed_bound(pol, 0, r->rb[0].bits, 1, 0, &probe) == 0) {
 		/* A static policy: its decisions ignore free memory, so a
 		 * layer's time depends on its load alone and the envelope
 		 * takes as long as the slowest rank. Memory: every rank that
 		 * could raise a peak or fail, untimed. */
-		run_rank(pw, r->pols[k], unb, &env, -1, 1, 0, 1, 0, pw->p, sc);
+		run_rank(pw, pol, unb, &env, -1, 1, 0, 1, 0, pw->p, sc);
 		static_memory(r, k, pw, &env, unb, sc);
 	} else if (pw == r->w3) {
 		/* adapipe's own partition, timed rank by rank: the per-stage
 		 * distinct ranks are those of w's stages, so every rank with
 		 * distinct loads over the whole iteration, in full. */
 		for (int32_t j = 0; j < r->n_uniq; j++)
-			run_rank(pw, r->pols[k], unb, &env, r->uniq[j], r->weight[j], 1, 1, 0,
-			         pw->p, sc);
+			run_rank(pw, pol, unb, &env, r->uniq[j], r->weight[j], 1, 1, 0, pw->p, sc);
 	} else {
-		/* An adaptive policy: on each stage, every rank with distinct
-		 * loads there, in full. */
+		/* An adaptive policy (and the paged stash, whose pages depend
+		 * on the layers before): on each stage, every rank with
+		 * distinct loads there, in full. */
 		for (int32_t s = 0; s < pw->p; s++)
 			for (int32_t j = 0; j < r->n_uniq_s[s]; j++) {
 				size_t at = (size_t)s * w->ep + (size_t)j;
-				run_rank(pw, r->pols[k], unb, &env, r->uniq_s[at], r->weight_s[at],
-				         1, 1, s, s + 1, sc);
+				run_rank(pw, pol, unb, &env, r->uniq_s[at], r->weight_s[at], 1, 1,
+				         s, s + 1, sc);
 			}
 	}
+	double rec = 0, copy = 0;
+	double *peaks = second ? &r->peak2[(size_t)k * (size_t)w->p] : out->peak_bytes;
 	for (int32_t s = 0; s < w->p; s++) {
 		for (int32_t ch = 0; ch < w->v; ch++)
 			for (int32_t i = 0; i < w->m; i++) {
@@ -882,11 +975,18 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 				sc->bwd[at] = sum_layers(pw, sc, s, i, ch, 1, 0);
 			}
 		for (int32_t i = 0; i < w->m; i++) {
-			r->rec[k] += sum_layers(pw, sc, s, i, -1, 1, 1) / w->p;
-			r->copy[k] += sum_layers(pw, sc, s, i, -1, 0, 1) / w->p;
+			rec += sum_layers(pw, sc, s, i, -1, 1, 1) / w->p;
+			copy += sum_layers(pw, sc, s, i, -1, 0, 1) / w->p;
 		}
-		if (sc->peak[s] > out->peak_bytes[s])
-			out->peak_bytes[s] = sc->peak[s];
+		if (sc->peak[s] > peaks[s])
+			peaks[s] = sc->peak[s];
+	}
+	if (second) {
+		r->rec2[k] += rec;
+		r->copy2[k] += copy;
+	} else {
+		r->rec[k] += rec;
+		r->copy[k] += copy;
 	}
 	kiln_arena *pa = kiln_arena_new();
 	kiln_pipe_work pwk = {.kind = w->v > 1 ? KILN_PIPE_INTERLEAVED : KILN_PIPE_1F1B,
@@ -909,6 +1009,13 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 		kiln_arena_free(pa);
 		return -1;
 	}
+	if (second) {
+		if (pr.makespan_us > r->worst2[k])
+			r->worst2[k] = pr.makespan_us;
+		r->oom2[k] |= sc->oom;
+		kiln_arena_free(pa);
+		return 0;
+	}
 	if (pr.makespan_us > r->worst[k])
 		r->worst[k] = pr.makespan_us;
 	/* The last iteration's schedule of the slowest group, for kilnc
@@ -923,11 +1030,26 @@ static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
 	r->oom[k] |= sc->oom;
 	for (size_t x = 0; k == r->trig_policy && x < (size_t)w->m * (size_t)w->n_moe; x++)
 		out->triggered += r->trig[x];
+	r->overflow[k] |= sc->stash_overflow;
+	r->dropped[k] |= sc->stash_over_budget;
+	r->spilled[k] = sc->spilled > r->spilled[k] ? sc->spilled : r->spilled[k];
 	out->over_budget += sc->over_budget;
 	out->acct_checks += sc->acct_checks;
 	out->acct_mismatches += sc->acct_mismatches;
 	sc->over_budget = 0;
 	return 0;
+}
+
+/* Policy k through one group's iteration it: megatron-paged-stash twice,
+ * its first attempt and its dropless rerun (whether the rerun happens is
+ * known once every group has run: end_iteration). Returns -1 when the
+ * pipeline failed to simulate. */
+static int run_policy(run *r, int32_t k, int64_t it, scratch *sc)
+{
+	if (attempt(r, k, r->pols[k], 0, it, sc) != 0)
+		return -1;
+	const kiln_sim_policy *again = kiln_sim_policy_rerun(r->pols[k]);
+	return again ? attempt(r, k, again, 1, it, sc) : 0;
 }
 
 /* The end of iteration it: its time, restarts, checkpoints, progress. */
@@ -938,6 +1060,28 @@ static void end_iteration(run *r, int64_t it)
 	for (int32_t k = 0; k < r->n; k++) {
 		kiln_sim_result *out = &r->out[k];
 		double it_s = r->worst[k] * 1e-6;
+		/* megatron-paged-stash: an overflow or dropped tokens on any
+		 * device (PagedStashRunner all-reduces the flags over every rank)
+		 * rerun the whole step once, dropless and without the stash; a
+		 * device out of memory in the first attempt fails before that
+		 * (docs/simulator.md, "The paged stash"). */
+		int again = !r->oom[k] && (r->overflow[k] || r->dropped[k]);
+		out->stash_overflows += r->overflow[k] != 0;
+		out->stash_over_budget += r->dropped[k] != 0;
+		out->spilled_bytes += r->spilled[k];
+		if (again) {
+			out->reruns++;
+			out->rerun_s += r->worst2[k] * 1e-6;
+			it_s += r->worst2[k] * 1e-6;
+			r->oom[k] |= r->oom2[k];
+			for (int32_t s = 0; s < out->n_stages; s++) {
+				double pk = r->peak2[(size_t)k * (size_t)out->n_stages + (size_t)s];
+				out->peak_bytes[s] =
+				    pk > out->peak_bytes[s] ? pk : out->peak_bytes[s];
+			}
+			out->recompute_s += r->rec2[k] * 1e-6 / r->groups;
+			out->copy_s += r->copy2[k] * 1e-6 / r->groups;
+		}
 		r->iter_sum[k] += it_s;
 		r->since_ckpt[k] += it_s;
 		out->recompute_s += r->rec[k] * 1e-6 / r->groups;
@@ -972,8 +1116,16 @@ static void *work(void *arg)
 			pthread_barrier_wait(&r->phase);
 			if (wk->t == 0) {
 				if (g == 0)
-					for (int32_t k = 0; k < r->n; k++)
+					for (int32_t k = 0; k < r->n; k++) {
 						r->worst[k] = 0, r->oom[k] = 0, r->rec[k] = r->copy[k] = 0;
+						r->worst2[k] = 0, r->oom2[k] = 0;
+						r->rec2[k] = r->copy2[k] = 0;
+						r->overflow[k] = r->dropped[k] = 0;
+						r->spilled[k] = 0;
+						for (int32_t s = 0; s < r->w->p; s++)
+							r->peak2[(size_t)k * (size_t)r->w->p +
+							         (size_t)s] = 0;
+					}
 				if (!r->cfg->exact)
 					distinct_ranks(r);
 				atomic_store(&r->next, 0);
@@ -1004,13 +1156,15 @@ static int scratch_new(const world *w, size_t n_lay, scratch *sc)
 	    .n_lay = n_lay,
 	    .bound = calloc((size_t)w->p * (size_t)w->ep, sizeof(double)),
 	    .order = calloc((size_t)w->ep, sizeof(ranked)),
+	    .st_cuda = calloc((size_t)w->m, sizeof(int64_t)),
+	    .st_host = calloc((size_t)w->m, sizeof(int64_t)),
 	    .experts =
 	        calloc((size_t)w->ep *
 	                   (size_t)(w->shape.experts_per_rank > 0 ? w->shape.experts_per_rank : 1),
 	               sizeof(double)),
 	};
 	return sc->fwd && sc->bwd && sc->layer_f && sc->layer_b && sc->held && sc->peak &&
-	               sc->bound && sc->order && sc->experts
+	               sc->bound && sc->order && sc->st_cuda && sc->st_host && sc->experts
 	           ? 0
 	           : -1;
 }
@@ -1026,6 +1180,8 @@ static void scratch_free(scratch *sc)
 	free(sc->bound);
 	free(sc->order);
 	free(sc->experts);
+	free(sc->st_cuda);
+	free(sc->st_host);
 }
 
 /* The threads a run of n policies takes (kiln_sim_config.threads). */
@@ -1181,6 +1337,12 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	r.loads = calloc(n_loads, sizeof(double));
 	r.top = calloc(n_rows, sizeof(double));
 	r.rb = calloc(n_rows, sizeof(row_buckets));
+	/* The paged stash pads every local expert's rows: it needs them. */
+	int any_stash = 0;
+	for (int32_t k = 0; k < n; k++)
+		any_stash |= policies[k] == KILN_SIM_MEGATRON_PAGED_STASH;
+	r.e = w.shape.experts_per_rank > 0 ? w.shape.experts_per_rank : 1;
+	r.shares = any_stash ? calloc(n_loads * (size_t)r.e, sizeof(double)) : NULL;
 	r.trig = calloc(n_rows, 1);
 	size_t n_sums = (size_t)w.p * (size_t)w.m * (size_t)w.ep;
 	r.sum_n = malloc(sizeof(double) * n_sums);
@@ -1219,12 +1381,13 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	r.pols = calloc((size_t)n, sizeof *r.pols);
 	r.ops = calloc((size_t)n, sizeof *r.ops);
 	r.iter_sum = calloc((size_t)n, sizeof(double));
+	r.peak2 = calloc((size_t)n * (size_t)w.p, sizeof(double));
 	r.since_ckpt = calloc((size_t)n, sizeof(double));
 	int rc = -1, started = 0, barrier = 0;
-	int ok = r.loads && r.top && r.rb && r.trig && r.sum_n && r.max_n &&
-	         (!r.w3 || (r.sum_n3 && r.max_n3)) && r.slots && r.uniq && r.weight && r.uniq_s &&
-	         r.weight_s && r.n_uniq_s && r.stage_rows && r.all_rows && r.stage_begin &&
-	         r.pols && r.ops && r.iter_sum && r.since_ckpt;
+	int ok = r.loads && r.top && r.rb && r.trig && (r.shares || !any_stash) && r.sum_n &&
+	         r.max_n && (!r.w3 || (r.sum_n3 && r.max_n3)) && r.slots && r.uniq && r.weight &&
+	         r.uniq_s && r.weight_s && r.n_uniq_s && r.stage_rows && r.all_rows &&
+	         r.stage_begin && r.pols && r.ops && r.iter_sum && r.since_ckpt && r.peak2;
 	for (int32_t t = 0; t < threads && ok; t++)
 		ok = scratch_new(&w, n_lay, &wks[t].sc) == 0;
 	if (!ok) {
@@ -1241,10 +1404,12 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 			fprintf(err, "kilnc: error: simulate: kiln:no-offload needs its compilation\n");
 			goto out;
 		}
-		if (kiln_sim_policy_new(policies[k], pc, no_off ? cfg->rt_no_offload : cfg->rt, a, err,
-		                        &r.pols[k]) != 0)
+		if (kiln_sim_policy_new_stash(policies[k], pc,
+		                              no_off ? cfg->rt_no_offload : cfg->rt, cfg->stash, a,
+		                              err, &r.pols[k]) != 0)
 			goto out;
 		out[k] = (kiln_sim_result){.policy = policies[k], .n_stages = w.p};
+		out[k].recipe = kiln_sim_policy_recipe(r.pols[k], &out[k].recipe_fits);
 		out[k].peak_bytes = kiln_arena_alloc(a, sizeof(double) * (size_t)w.p);
 		if (!out[k].peak_bytes)
 			goto out;
@@ -1254,7 +1419,10 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 			r.trig_policy = k;
 	}
 	kiln_sim_cost cost;
-	kiln_sim_cost_estimate(cfg, n, &cost);
+	int32_t n_cost = n; /* megatron-paged-stash costs two: its rerun */
+	for (int32_t k = 0; k < n; k++)
+		n_cost += policies[k] == KILN_SIM_MEGATRON_PAGED_STASH;
+	kiln_sim_cost_estimate(cfg, n_cost, &cost);
 	r.meter = kiln_progress_start(cfg->progress, "kilnc: simulate");
 	kiln_progress_line(
 	    r.meter, "kilnc: estimate     %.3g layer decisions: about %.0f s of CPU, %.0f MB\n",
@@ -1310,6 +1478,7 @@ out:
 	free(r.pols);
 	free(r.ops);
 	free(r.loads);
+	free(r.shares);
 	free(r.top);
 	free(r.rb);
 	free(r.trig);
@@ -1328,5 +1497,6 @@ out:
 	free(r.stage_begin);
 	free(r.iter_sum);
 	free(r.since_ckpt);
+	free(r.peak2);
 	return rc;
 }

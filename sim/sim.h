@@ -265,6 +265,12 @@ double kiln_pipe_peak_bytes(const kiln_pipe_work *w, const kiln_pipe_result *r, 
 	  "the balanced per-expert count; with --recompute-activation-function --recompute-norm "  \
 	  "and, where needed to fit at load 1.2, --recompute-method block --recompute-num-layers " \
 	  "N")                                                                                     \
+	X(MEGATRON_PAGED_STASH, "megatron-paged-stash",                                            \
+	  "Megatron-Core --moe-paged-stash --moe-expert-rank-capacity-factor 1.5 "                 \
+	  "--moe-paged-stash-buffer-size-factor-cuda 1.2 "                                         \
+	  "--moe-paged-stash-buffer-size-factor-cpu 1.0 (Megatron-Bridge's DeepSeek-V3 recipe): "  \
+	  "expert activations in 64-row pages, spill to pinned host, the step rerun once "         \
+	  "dropless on overflow")                                                                  \
 	X(KILN, "kiln", "kiln's runtime on the compiled blob")                                     \
 	X(KILN_NO_OFFLOAD, "kiln:no-offload", "kiln without offloading (recompute only)")          \
 	X(KILN_NO_ADAPTIVE, "kiln:no-adaptive", "kiln's plan for load 1.2 at every load (static)") \
@@ -355,6 +361,107 @@ int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, do
 int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *res_base,
                                 double *res_per_n, double *tr_base, double *tr_per_n);
 
+/* megatron-paged-stash (docs/simulator.md, "The paged stash"): Megatron-
+ * Core's flags, as Megatron-LM megatron/core/transformer/transformer_config.py
+ * (commit d98e8a6) declares them. The defaults are Megatron-Bridge's
+ * DeepSeek-V3 recipe (src/megatron/bridge/perf_recipes/deepseek/common.py:63-69,
+ * commit 067f987): what users of the feature run. */
+typedef struct kiln_sim_stash_flags {
+	double rank_capacity_factor; /* --moe-expert-rank-capacity-factor (> 0) */
+	double cuda_factor;          /* --moe-paged-stash-buffer-size-factor-cuda (>= 0:
+	                                sized from the balanced rows; negative is refused) */
+	double cpu_factor;           /* --moe-paged-stash-buffer-size-factor-cpu (0: no host
+	                                buffer, so no spill) */
+	int32_t page_rows;           /* --moe-paged-stash-page-size */
+	int32_t align_rows;          /* the dispatcher's per-expert alignment: 256 with
+	                                --use-transformer-engine-op-fuser */
+} kiln_sim_stash_flags;
+
+#define KILN_SIM_STASH_DEFAULTS ((kiln_sim_stash_flags){1.5, 1.2, 1.0, 64, 256})
+
+/* One stage's paged stash as Megatron sizes it, for its MoE layers. */
+typedef struct kiln_sim_stash {
+	kiln_sim_stash_flags flags;
+	double row_bytes;   /* bytes of one row over the units Megatron pages (the experts'
+	                       fc1 input and probabilities, fc1 output, activation output) */
+	double budget_rows; /* the rank's receive budget: CF * balanced rows, rounded up to
+	                       align_rows; more padded rows drop tokens (a rerun) */
+	double avg_rows;    /* floor(budget_rows / CF): Megatron's "average" rows */
+	int64_t cuda_pages; /* ceil(int(W * L * avg_rows * cuda_factor) / page_rows) */
+	int64_t host_pages; /* likewise with cpu_factor; 0 when it is 0 */
+	double cuda_bytes;  /* device memory the CUDA pages take, held all the time */
+	double host_bytes;  /* pinned host memory the host pages take */
+	int32_t experts;    /* local experts per rank */
+} kiln_sim_stash;
+
+/* 0 and the stash of stage s in *out for megatron-paged-stash's first
+ * attempt (not its rerun); -1 for every other policy, or a stage without
+ * MoE layers. */
+int kiln_sim_policy_stash(const kiln_sim_policy *p, int32_t s, kiln_sim_stash *out);
+
+/* The rows the dispatcher hands one rank's experts for `rows` routed rows:
+ * each local expert's rows rounded up to align_rows, the rows spread over
+ * the experts as evenly as integers allow (q + 1 rows on rows mod E of
+ * them, q = floor(rows / E) on the rest; rows rounded up to an integer).
+ * The simulator uses kiln_sim_stash_padded_rows_of with the experts'
+ * shares of the load profile; this is its spread without them. */
+double kiln_sim_stash_padded_rows(const kiln_sim_stash *st, double rows);
+
+/* The same with expert j taking the share shares[j] of the rows
+ * (st->experts of them, summing to 1; kiln_load_sample_experts
+ * normalised): the rows, rounded up to an integer, apportioned to whole
+ * rows by largest remainder (even shares: kiln_sim_stash_padded_rows's
+ * spread), each expert's rounded up to align_rows. NULL shares, or more
+ * than KILN_SIM_STASH_MAX_EXPERTS experts: kiln_sim_stash_padded_rows.
+ * O(experts^2) at most; never allocates. */
+#define KILN_SIM_STASH_MAX_EXPERTS 1024
+double kiln_sim_stash_padded_rows_of(const kiln_sim_stash *st, double rows, const double *shares);
+
+/* Pages one stashed tensor of padded_rows rows takes: ceil(rows /
+ * page_rows), as Megatron's copy kernel asks the free list for. */
+int64_t kiln_sim_stash_pages(const kiln_sim_stash *st, double padded_rows);
+
+/* As kiln_sim_policy_new, with megatron-paged-stash's flags (NULL:
+ * KILN_SIM_STASH_DEFAULTS; other policies ignore them). Bad flags are an
+ * error on err. */
+int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const struct kiln_compilation *c,
+                              const kiln_rt *rt, const kiln_sim_stash_flags *flags, kiln_arena *a,
+                              FILE *err, kiln_sim_policy **out);
+
+/* megatron-paged-stash: the Megatron recompute flags its recipe runs
+ * beside the stash (as a command line carries them, "no recompute" for
+ * none), and in *fits (when not NULL) whether they fit every stage at the
+ * design load; NULL (and 0) for every other policy. Owned by p. */
+const char *kiln_sim_policy_recipe(const kiln_sim_policy *p, int *fits);
+
+/* One MoE layer's stash on one device, at rows n split over its experts
+ * by shares (kiln_sim_stash_padded_rows_of), with forward f_us and
+ * backward b_us (0 when untimed): the pages go to the CUDA buffer when
+ * its free pages suffice, else to the host buffer, else the device
+ * overflows (Megatron's paged_stash_copy_kernel, moe/ops/paged_stash.py:
+ * 13-144: a whole tensor on one side, pages from a free list). Rows the
+ * budget cannot take are dropped (a rerun). *cuda and *host are the
+ * micro-batch's pages, used_c and used_h the window's before it. Returns
+ * the exposed time: the copies' HBM share (2 bytes touched per byte per
+ * copy, as an offload's, docs/simulator.md "What a static plan costs":
+ * stash and reload into device pages both read and write HBM; a host
+ * spill reads it on the way out and writes it on the way back), and the
+ * part of a spill's device-to-host copy beyond the layer's forward and of
+ * its host-to-device reload beyond the layer's backward (the stash runs
+ * on its own stream from the end of the layer's experts to the start of
+ * the next layer's, paged_stash.py:301-381). Sets *overflowed (after
+ * which the device stashes nothing more this step) and *dropped, adds
+ * spilled bytes to *spilled. Never allocates. */
+double kiln_sim_stash_place(const kiln_sim_stash *st, const kiln_hardware *hw, double n,
+                            const double *shares, double f_us, double b_us, int64_t *cuda,
+                            int64_t *host, int64_t used_c, int64_t used_h, int *overflowed,
+                            double *spilled, int *dropped);
+
+/* megatron-paged-stash's rerun: the same recipe with the stash off and no
+ * capacity (dropless), every unit at its actual rows; NULL for every other
+ * policy. Owned by p. */
+const kiln_sim_policy *kiln_sim_policy_rerun(const kiln_sim_policy *p);
+
 /* Buckets a bucket set (kiln_sim_policy_exposed_bound) can name: every
  * compilation has at most this many (passes/plan.c). */
 #define KILN_SIM_MAX_BUCKETS 256
@@ -398,6 +505,8 @@ typedef struct kiln_sim_config {
 	 * compared with the simulator's own count at every layer
 	 * (kiln_sim_result.acct_checks, acct_mismatches). */
 	kiln_rt *acct_rt;
+	/* megatron-paged-stash's flags; NULL: KILN_SIM_STASH_DEFAULTS. */
+	const kiln_sim_stash_flags *stash;
 } kiln_sim_config;
 
 typedef struct kiln_sim_result {
@@ -414,6 +523,18 @@ typedef struct kiln_sim_result {
 	int64_t over_budget;     /* kiln decisions that found nothing fitting */
 	int64_t triggered;       /* mindspeed: (group, micro-batch, MoE layer) forwards its
 	                            trigger checkpointed, over all iterations */
+	/* megatron-paged-stash: iterations whose step ran twice (a stash
+	 * overflow or tokens over the receive budget on some rank), the time
+	 * the second runs took (in total_s and iteration_s), the iterations
+	 * with each trigger, and the bytes spilled to pinned host: per
+	 * iteration the most any one device spilled (over its layers and
+	 * micro-batches), summed over iterations. 0 for the other policies. */
+	int64_t reruns;
+	double rerun_s;
+	int64_t stash_overflows, stash_over_budget; /* iterations with each trigger */
+	double spilled_bytes;
+	const char *recipe; /* kiln_sim_policy_recipe, or NULL */
+	int recipe_fits;
 	int64_t acct_checks, acct_mismatches; /* with cfg->acct_rt, for kiln */
 	double *peak_bytes;      /* per stage: the largest device memory seen */
 	int32_t n_stages;
@@ -453,7 +574,8 @@ typedef struct kiln_sim_cost {
 #define KILN_SIM_MAX_BYTES (4.0 * 1073741824.0)
 #define KILN_SIM_CPU_US_PER_DECISION 0.12
 
-/* Fills out for n policies (1 to 64) of cfg (cfg->c finished). Returns 0. */
+/* Fills out for n policies (1 to 128: megatron-paged-stash counts as two, its
+ * rerun) of cfg (cfg->c finished). Returns 0. */
 int kiln_sim_cost_estimate(const kiln_sim_config *cfg, int32_t n, kiln_sim_cost *out);
 
 #endif

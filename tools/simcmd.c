@@ -31,7 +31,8 @@ static const char HELP_SIMULATE[] =
     "the progress since the last checkpoint). docs/simulator.md.\n"
     "\n"
     "  --policy P,...   unbounded, full-recompute, megatron-selective,\n"
-    "                   static-aggressive, adapipe, mindspeed, kiln,\n"
+    "                   static-aggressive, adapipe, mindspeed,\n"
+    "                   megatron-paged-stash, kiln,\n"
     "                   kiln:no-offload, kiln:no-adaptive, kiln:no-overlap,\n"
     "                   kiln:no-adaptive+no-overlap, or all\n"
     "  --plan F         the blob kiln decides with (default: compiled now); it\n"
@@ -428,7 +429,12 @@ int kilnc_simulate(int argc, char **argv)
 		goto out;
 	kiln_sim_config est = {
 	    .c = &c, .iterations = n_iters, .exact = exact, .max_groups = (int32_t)n_groups};
-	if (policy && (rc = simulate_fits(&est, n, model)) != KILNC_EXIT_OK)
+	/* megatron-paged-stash runs each step twice (its rerun): it costs
+	 * what two policies cost. */
+	int32_t n_cost = n;
+	for (int32_t j = 0; j < n; j++)
+		n_cost += kinds[j] == KILN_SIM_MEGATRON_PAGED_STASH;
+	if (policy && (rc = simulate_fits(&est, n_cost, model)) != KILNC_EXIT_OK)
 		goto out;
 	rc = KILNC_EXIT_INPUT;
 	if (plan) {
@@ -540,6 +546,15 @@ int kilnc_simulate(int argc, char **argv)
 			kiln_json_add_i64(o, "over_budget_decisions", r->over_budget);
 			if (r->policy == KILN_SIM_MINDSPEED)
 				kiln_json_add_i64(o, "moe_forwards_checkpointed", r->triggered);
+			kiln_json_add_i64(o, "reruns", r->reruns);
+			kiln_json_add_number(o, "rerun_s", r->rerun_s);
+			kiln_json_add_i64(o, "stash_overflows", r->stash_overflows);
+			kiln_json_add_i64(o, "stash_over_budget", r->stash_over_budget);
+			kiln_json_add_number(o, "spilled_bytes", r->spilled_bytes);
+			if (r->recipe) {
+				kiln_json_add_string(o, "recipe", r->recipe);
+				kiln_json_add_bool(o, "recipe_fits", r->recipe_fits);
+			}
 			kiln_json *pk = kiln_json_add_array(o, "peak_bytes");
 			for (int32_t s = 0; s < r->n_stages; s++)
 				kiln_json_add_number(pk, NULL, r->peak_bytes[s]);
@@ -580,9 +595,9 @@ int kilnc_simulate(int argc, char **argv)
 		       (long long)n_iters,
 		       kiln_text_escape(prof->name, strlen(prof->name), sizeof lb, lb), n_seed,
 		       exact ? "every EP rank followed" : "statistical method (docs/simulator.md)");
-		printf("\n%-28s %12s %7s %10s %6s %6s %5s %10s %10s %9s %9s\n", "policy", "tokens/s",
-		       "vs full", "iter s", "MFU", "HFU", "OOMs", "lost s", "recomp s", "copy s",
-		       "peak");
+		printf("\n%-28s %12s %7s %10s %6s %6s %5s %6s %10s %10s %9s %9s\n", "policy",
+		       "tokens/s", "vs full", "iter s", "MFU", "HFU", "OOMs", "reruns", "lost s",
+		       "recomp s", "copy s", "peak");
 		for (int32_t k = 0; k < n; k++) {
 			const kiln_sim_result *r = &res[k];
 			double peak = 0;
@@ -592,11 +607,19 @@ int kilnc_simulate(int argc, char **argv)
 			print_bytes(pb, sizeof pb, peak);
 			if (base > 0)
 				snprintf(vs, sizeof vs, "%.3fx", r->tokens_per_s / base);
-			printf("%-28s %12.0f %7s %10.3f %5.1f%% %5.1f%% %5lld %10.1f %10.2f %9.2f %9s\n",
+			printf("%-28s %12.0f %7s %10.3f %5.1f%% %5.1f%% %5lld %6lld %10.1f %10.2f "
+			       "%9.2f "
+			       "%9s\n",
 			       kiln_sim_policy_name(r->policy), r->tokens_per_s, vs, r->iteration_s,
-			       100 * r->mfu, 100 * r->hfu, (long long)r->ooms, r->oom_lost_s, r->recompute_s,
-			       r->copy_s, pb);
+			       100 * r->mfu, 100 * r->hfu, (long long)r->ooms, (long long)r->reruns,
+			       r->oom_lost_s, r->recompute_s, r->copy_s, pb);
 		}
+		for (int32_t k = 0; k < n; k++)
+			if (res[k].recipe)
+				printf("\n%s runs beside the stash: %s (%s at load %.1f)\n",
+				       kiln_sim_policy_name(res[k].policy), res[k].recipe,
+				       res[k].recipe_fits ? "fits" : "does not fit",
+				       KILN_BASELINE_DESIGN_LOAD);
 		char cb[32];
 		print_bytes(cb, sizeof cb, c.budgets[0].capacity_bytes);
 		if (need_adapipe && split.kept) {
@@ -613,10 +636,12 @@ int kilnc_simulate(int argc, char **argv)
 				printf(" %lld", (long long)m->stage_layers[ch]);
 			printf("\n");
 		}
-		printf("\npeak: the largest device memory of any stage (capacity %s); lost: restarts "
-		       "plus progress since the last checkpoint; recomp, copy: exposed time, averaged "
-		       "over stages, summed over micro-batches and iterations\n",
-		       cb);
+		printf(
+		    "\npeak: the largest device memory of any stage (capacity %s); lost: restarts "
+		    "plus progress since the last checkpoint; reruns: iterations run twice "
+		    "(megatron-paged-stash); recomp, copy: exposed time, averaged over stages, "
+		    "summed over micro-batches and iterations\n",
+		    cb);
 	}
 	rc = KILNC_EXIT_OK;
 out:
