@@ -137,6 +137,15 @@ struct kiln_sim_policy {
 	cost **frontier_costs;
 	/* Static policies: per set the form of actions (and hot_actions). */
 	plan_form **forms, **hot_forms;
+	/* mindspeed: --recompute-method block --recompute-num-layers
+	 * full_layers, the first full_layers model layers of every stage
+	 * recomputed in full (full_layer[model layer] 1); per set the full
+	 * recompute plan, its costs and form. */
+	int32_t full_layers; /* n_model_layers: above */
+	uint8_t *full_layer;
+	const uint8_t **full_actions;
+	cost *full_costs;
+	plan_form **full_forms;
 	/* Adaptive policies: per (set, plan pool index) the plan's form, built
 	 * on first use (sets with the same units share pool plans). */
 	plan_form **plan_forms;
@@ -474,6 +483,99 @@ static int prepare_static(kiln_sim_policy *p, kiln_arena *a)
 			p->hot_costs[(size_t)k * nb + b] = (cost){NAN, NAN, NAN};
 	}
 	return 0;
+}
+
+static void fill(const kiln_sim_policy *p, const plan_form *f, double n, const cost *co,
+                 kiln_sim_choice *out);
+
+/* Whether every stage fits at KILN_BASELINE_DESIGN_LOAD on every rank
+ * with the first n_full model layers of each stage recomputed in full and
+ * the others on mindspeed's untriggered plan (the trigger stays off at
+ * that load), counted as the simulator counts a device (docs/simulator.md,
+ * "One rank through one iteration"): static bytes, the in-flight window's
+ * micro-batches each holding its fixed bytes and its layers' resident
+ * bytes, and the largest backward transient. With n_full set, marks the
+ * full layers in p->full_layer. */
+static int mindspeed_fits(kiln_sim_policy *p, int32_t n_full, int mark)
+{
+	const kiln_compilation *c = p->c;
+	const kiln_ir_graph *g = c->graph;
+	static const cost none = {0, 0, 0};
+	for (int32_t s = 0; s < g->n_stages; s++) {
+		const kiln_stage_budget *bu = &c->budgets[s];
+		double held = ceil(bu->fixed_bytes - 1e-6), tr = 0, win = ceil(bu->inflight);
+		int32_t j = 0;
+		for (int32_t l = g->stages[s].layer_begin; l < g->stages[s].layer_end; l++) {
+			const kiln_ir_layer *L = &g->layers[l];
+			int32_t set = -1;
+			for (int32_t k = 0; k < c->n_sets && L->index >= 0; k++)
+				if (c->sets[k].stage == s && c->sets[k].kind == L->kind)
+					set = k;
+			if (set < 0)
+				continue;
+			int full = j++ < n_full;
+			if (mark && L->index < p->n_model_layers)
+				p->full_layer[L->index] = (uint8_t)full;
+			kiln_sim_choice ch;
+			double n = L->kind == KILN_LAYER_MOE
+			               ? KILN_BASELINE_DESIGN_LOAD * L->n_balanced
+			               : 0;
+			fill(p, full ? p->full_forms[set] : p->forms[set], n, &none, &ch);
+			held += ch.resident_bytes;
+			tr = ch.transient_bytes > tr ? ch.transient_bytes : tr;
+		}
+		if (bu->static_bytes + (win > 1 ? win : 1) * held + tr > bu->capacity_bytes)
+			return 0;
+	}
+	return 1;
+}
+
+/* mindspeed's full recompute beside the trigger: the plan per set, and the
+ * fewest block-recomputed layers per stage with which every stage fits at
+ * the design load, as a team tunes --recompute-num-layers (MindSpeed
+ * recomputes the first ones in full and applies the activation and norm
+ * recompute to the rest: should_recompute, mindspeed/model/
+ * transformer.py:881-914 at 2.1.0_core_r0.8.0). */
+static int mindspeed_block(kiln_sim_policy *p, kiln_arena *a)
+{
+	const kiln_compilation *c = p->c;
+	const kiln_ir_graph *g = c->graph;
+	int32_t ns = c->n_sets, nb = c->n_buckets, most = 0;
+	for (int32_t l = 0; l < g->n_layers; l++)
+		p->n_model_layers = g->layers[l].index + 1 > p->n_model_layers
+		                        ? g->layers[l].index + 1
+		                        : p->n_model_layers;
+	for (int32_t s = 0; s < g->n_stages; s++)
+		most = g->stages[s].layer_end - g->stages[s].layer_begin > most
+		           ? g->stages[s].layer_end - g->stages[s].layer_begin
+		           : most;
+	p->full_layer = kiln_arena_alloc(a, (size_t)p->n_model_layers + 1);
+	p->full_actions = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
+	p->full_costs = kiln_arena_alloc(a, sizeof(cost) * ((size_t)ns * (size_t)nb + 1));
+	p->full_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(ns + 1));
+	if (!p->full_layer || !p->full_actions || !p->full_costs || !p->full_forms)
+		return -1;
+	for (int32_t k = 0; k < ns; k++) {
+		p->full_actions[k] =
+		    c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[k]];
+		p->full_forms[k] =
+		    form_build(p, k, p->full_actions[k], kiln_arena_alloc(a, sizeof(plan_form)));
+		if (!p->full_forms[k])
+			return -1;
+		for (int32_t b = 0; b < nb; b++)
+			p->full_costs[(size_t)k * nb + b] = (cost){NAN, NAN, NAN};
+	}
+	int32_t n = 0;
+	while (n < most && !mindspeed_fits(p, n, 0))
+		n++;
+	p->full_layers = n;
+	mindspeed_fits(p, n, 1);
+	return 0;
+}
+
+int32_t kiln_sim_policy_full_layers(const kiln_sim_policy *p)
+{
+	return p->full_layer ? p->full_layers : -1;
 }
 
 /* megatron-paged-stash (docs/simulator.md, "The paged stash").
@@ -1048,7 +1150,8 @@ int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const kiln_compilation *c,
 			if (!p->forms[s] || !p->hot_forms[s] || !p->head_forms[s])
 				return -1;
 		}
-		if (k == KILN_SIM_MEGATRON_PAGED_STASH && stash_forms(p, a) != 0)
+		if ((k == KILN_SIM_MINDSPEED && mindspeed_block(p, a) != 0) ||
+		    (k == KILN_SIM_MEGATRON_PAGED_STASH && stash_forms(p, a) != 0))
 			return -1;
 	}
 	*out = p;
@@ -1116,7 +1219,7 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 		}
 		/* mindspeed without its trigger state: the untriggered plan
 		 * (kiln_sim_policy_decide_triggered decides with it). */
-		kiln_sim_policy_decide_triggered(p, set, n, 0, out);
+		kiln_sim_policy_decide_triggered(p, set, layer, n, 0, out);
 		return;
 	}
 	kiln_query q = {.stage = S->stage,
@@ -1174,13 +1277,16 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	out->over_budget = (plan.flags & KILN_PLAN_OVER_BUDGET) != 0;
 }
 
-void kiln_sim_policy_decide_triggered(const kiln_sim_policy *p, int32_t set, double n,
-                                      int triggered, kiln_sim_choice *out)
+void kiln_sim_policy_decide_triggered(const kiln_sim_policy *p, int32_t set, int32_t layer,
+                                      double n, int triggered, kiln_sim_choice *out)
 {
 	double r;
 	n = kiln_sim_policy_rows(p, set, n);
 	int32_t b = kiln_sim_policy_bucket(p->c, set, n, &r);
-	if (triggered && p->hot_actions && p->c->sets[set].kind == KILN_LAYER_MOE)
+	if (p->full_layer && layer >= 0 && layer < p->n_model_layers && p->full_layer[layer])
+		fill(p, p->full_forms[set], n,
+		     static_cost(p, p->full_costs, p->full_actions[set], set, b), out);
+	else if (triggered && p->hot_actions && p->c->sets[set].kind == KILN_LAYER_MOE)
 		fill(p, p->hot_forms[set], n,
 		     static_cost(p, p->hot_costs, p->hot_actions[set], set, b), out);
 	else
@@ -1228,6 +1334,11 @@ int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const u
 			ex = p->serial ? co->serial_us : co->exposed_us;
 			most = ex > most ? ex : most;
 		}
+		if (p->full_layer && p->full_layers > 0) {
+			co = static_cost(p, p->full_costs, p->full_actions[set], set, k);
+			ex = p->serial ? co->serial_us : co->exposed_us;
+			most = ex > most ? ex : most;
+		}
 	}
 	*out = most;
 	return 0;
@@ -1238,14 +1349,16 @@ int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *r
 {
 	if (p->rt || !p->forms || p->kind == KILN_SIM_MEGATRON_PAGED_STASH)
 		return -1;
-	const plan_form *fs[3] = {p->forms[set], p->hot_forms[set], p->head_forms[set]};
+	const plan_form *fs[4] = {p->forms[set], p->hot_forms[set], p->head_forms[set],
+	                          p->full_forms && p->full_layers > 0 ? p->full_forms[set]
+	                                                              : p->forms[set]};
 	*res_base = *res_per_n = *tr_base = *tr_per_n = 0;
 	/* Padded to capacity, a set's rows are the same at every load. */
 	const kiln_unit_set *S = &p->c->sets[set];
 	double pad = p->kind == KILN_SIM_MEGATRON_CAPACITY && S->kind == KILN_LAYER_MOE
 	                 ? p->cf * p->c->graph->layers[S->layer].n_balanced
 	                 : -1;
-	for (int j = 0; j < 3; j++) {
+	for (int j = 0; j < 4; j++) {
 		const plan_form *f = fs[j];
 		double rb = f->res_base, rn = f->res_per_n, tb = f->tr_base, tn = f->tr_per_n;
 		if (pad >= 0) {

@@ -408,8 +408,8 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 					kiln_sim_choice ch;
 					double free_b = si->capacity - stat - others - cur;
 					if (fired >= 0)
-						kiln_sim_policy_decide_triggered(pol, li->set, n,
-						                                 fired, &ch);
+						kiln_sim_policy_decide_triggered(
+						    pol, li->set, li->model_layer, n, fired, &ch);
 					else
 						kiln_sim_policy_decide(
 						    pol, li->set, li->model_layer, n, free_b,
@@ -432,7 +432,8 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 							kiln_sim_choice cj;
 							if (fired >= 0)
 								kiln_sim_policy_decide_triggered(
-								    pol, li->set, nj, fired, &cj);
+								    pol, li->set, li->model_layer,
+								    nj, fired, &cj);
 							else
 								kiln_sim_policy_decide(
 								    pol, li->set, li->model_layer,

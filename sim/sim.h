@@ -264,7 +264,9 @@ double kiln_pipe_peak_bytes(const kiln_pipe_work *w, const kiln_pipe_result *r, 
 	X(MINDSPEED, "mindspeed",                                                                  \
 	  "MindSpeed 2.1.0_core_r0.8.0 (1e898a29) --moe-adaptive-recompute-activation: the "       \
 	  "whole MoE layer checkpointed when the previous forward's largest expert exceeded 2x "   \
-	  "the balanced per-expert count; with --recompute-activation-function --recompute-norm")  \
+	  "the balanced per-expert count; with --recompute-activation-function --recompute-norm "  \
+	  "and, where needed to fit at load 1.2, --recompute-method block --recompute-num-layers " \
+	  "N")                                                                                     \
 	X(MEGATRON_PAGED_STASH, "megatron-paged-stash",                                            \
 	  "Megatron-Core --moe-paged-stash --moe-expert-rank-capacity-factor 1.5 "                 \
 	  "--moe-paged-stash-buffer-size-factor-cuda 1.2 "                                         \
@@ -334,11 +336,18 @@ void kiln_sim_policy_free(kiln_sim_policy *p);
 int kiln_sim_policy_trigger(const kiln_sim_policy *p, double *out_multiple);
 
 /* A triggered policy's decision for unit set `set` at n local expert rows,
- * with its trigger fired (triggered 1: the whole MoE layer recomputed) or
- * not (its selective plan); dense sets always take the latter. Like
- * kiln_sim_policy_decide, it ignores free memory. */
-void kiln_sim_policy_decide_triggered(const kiln_sim_policy *p, int32_t set, double n,
-                                      int triggered, kiln_sim_choice *out);
+ * of model layer `layer`, with its trigger fired (triggered 1: the whole
+ * MoE layer recomputed) or not (its selective plan); dense sets always
+ * take the latter, and the layers it recomputes in full (below) full
+ * recompute. Like kiln_sim_policy_decide, it ignores free memory. */
+void kiln_sim_policy_decide_triggered(const kiln_sim_policy *p, int32_t set, int32_t layer,
+                                      double n, int triggered, kiln_sim_choice *out);
+
+/* mindspeed's --recompute-num-layers (block method): how many model layers
+ * at the start of every stage it recomputes in full, the fewest with which
+ * every stage fits at KILN_BASELINE_DESIGN_LOAD (the others take the
+ * trigger and the selective plan); -1 for any other policy. */
+int32_t kiln_sim_policy_full_layers(const kiln_sim_policy *p);
 
 /* One decision: unit set `set` of the compilation (model layer `layer`) at
  * n local expert rows, with free_bytes free on the device, pending
@@ -544,6 +553,8 @@ typedef struct kiln_sim_result {
 	                            summed over micro-batches and iterations */
 	double copy_s;           /* exposed copies, likewise */
 	int64_t over_budget;     /* kiln decisions that found nothing fitting */
+	int64_t triggered;       /* mindspeed: (group, micro-batch, MoE layer) forwards its
+	                            trigger checkpointed, over all iterations */
 	/* megatron-paged-stash: iterations whose step ran twice (a stash
 	 * overflow or tokens over the receive budget on some rank), the time
 	 * the second runs took (in total_s and iteration_s), the iterations
@@ -560,8 +571,6 @@ typedef struct kiln_sim_result {
 	                            0 for every other policy) */
 	const char *flags;       /* megatron, megatron-capacity: the recipe's Megatron flags
 	                            (arena-owned); NULL otherwise */
-	int64_t triggered;       /* mindspeed: (group, micro-batch, MoE layer) forwards its
-	                            trigger checkpointed, over all iterations */
 	int64_t acct_checks, acct_mismatches; /* with cfg->acct_rt, for kiln */
 	double *peak_bytes;      /* per stage: the largest device memory seen */
 	int32_t n_stages;

@@ -53,12 +53,16 @@ Test(sim_mindspeed, the_trigger_checkpoints_the_whole_moe_layer)
 	cr_assert_eq(kiln_sim_policy_new(KILN_SIM_MINDSPEED, c, NULL, 0, a, stderr, &p), 0);
 	double multiple = 0;
 	cr_assert_eq(kiln_sim_policy_trigger(p, &multiple), 1);
+	/* tiny keeps everything within memory at 1.2 (its unbounded peak
+	 * under paper, at most 1.19x, is 8.93 of 9 MiB), so no layer needs
+	 * full recompute beside the trigger. */
+	cr_expect_eq(kiln_sim_policy_full_layers(p), 0);
 	cr_expect_eq(multiple, 2.0);
 	int32_t set = moe_set(c, 1);
 	for (double n = 0; n <= 3000; n += 1000) {
 		kiln_sim_choice cold, hot, plain;
-		kiln_sim_policy_decide_triggered(p, set, n, 0, &cold);
-		kiln_sim_policy_decide_triggered(p, set, n, 1, &hot);
+		kiln_sim_policy_decide_triggered(p, set, 5, n, 0, &cold);
+		kiln_sim_policy_decide_triggered(p, set, 5, n, 1, &hot);
 		kiln_sim_policy_decide(p, set, 5, n, 1e12, 0, 0, 0, &plain);
 		cr_expect_eq(cold.resident_bytes, 176128 + 652 * n, "n %g: %.17g", n,
 		             cold.resident_bytes);
@@ -72,14 +76,15 @@ Test(sim_mindspeed, the_trigger_checkpoints_the_whole_moe_layer)
 		if (c->sets[k].kind != KILN_LAYER_DENSE)
 			continue;
 		kiln_sim_choice cold, hot;
-		kiln_sim_policy_decide_triggered(p, k, 0, 0, &cold);
-		kiln_sim_policy_decide_triggered(p, k, 0, 1, &hot);
+		kiln_sim_policy_decide_triggered(p, k, 0, 0, 0, &cold);
+		kiln_sim_policy_decide_triggered(p, k, 0, 0, 1, &hot);
 		cr_expect_eq(cold.resident_bytes, hot.resident_bytes);
 	}
 	/* Other policies have no trigger; the former name still parses. */
 	kiln_sim_policy *q;
 	cr_assert_eq(kiln_sim_policy_new(KILN_SIM_FULL_RECOMPUTE, c, NULL, 0, a, stderr, &q), 0);
 	cr_expect_eq(kiln_sim_policy_trigger(q, &multiple), 0);
+	cr_expect_eq(kiln_sim_policy_full_layers(q), -1);
 	cr_expect_eq(kiln_sim_policy_parse("mindspeed"), KILN_SIM_MINDSPEED);
 	cr_expect_eq(kiln_sim_policy_parse("mindspeed-threshold"), KILN_SIM_MINDSPEED);
 	kiln_sim_policy_free(p);
@@ -174,6 +179,60 @@ Test(sim_mindspeed, rank_level_loads_trigger_on_the_rank_factor)
 	cfg.iterations = 2;
 	cr_assert_eq(kiln_sim_run(&cfg, &k, 1, a, stderr, &r), 0);
 	cr_expect_eq(r.triggered, 21, "%lld", (long long)r.triggered);
+	unlink(path);
+	free(path);
+	kiln_arena_free(a);
+}
+
+/* DeepSeek-V3 does not fit keeping everything but norms and activations
+ * (each stage holds its in-flight micro-batches' expert activations), so
+ * MindSpeed's users recompute the first N layers of each stage in full
+ * (--recompute-method block --recompute-num-layers N), the fewest that
+ * fit at the design load 1.2. Checked against the simulator's own memory
+ * count: every rank at 1.2x (a factor trace) for one iteration of one EP
+ * group, exactly, fails nowhere; and N is below the stage's layers. */
+Test(sim_mindspeed, block_recompute_fits_the_design_load, .init = kt_slow)
+{
+	kiln_compilation c =
+	    *kt_compiled("examples/models/deepseek-v3-671b.yaml", KILN_SOLVER_DP, false);
+	kiln_arena *a = kiln_arena_new();
+	cr_assert_not_null(a);
+	kiln_sim_policy *p;
+	cr_assert_eq(kiln_sim_policy_new(KILN_SIM_MINDSPEED, &c, NULL, 0, a, stderr, &p), 0);
+	int32_t n = kiln_sim_policy_full_layers(p);
+	int32_t most = 0;
+	for (int32_t s = 0; s < c.graph->n_stages; s++)
+		if (c.graph->stages[s].layer_end - c.graph->stages[s].layer_begin > most)
+			most = c.graph->stages[s].layer_end - c.graph->stages[s].layer_begin;
+	cr_expect(n >= 1 && n < most, "%d of %d layers", n, most);
+	kiln_sim_policy_free(p);
+	kiln_load_shape sh;
+	kiln_sim_load_shape(&c, &sh);
+	char *path = kt_temp_file(".csv", "", 0);
+	FILE *f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "iteration,microbatch,layer,rank,factor\n");
+	for (int32_t i = 0; i < sh.microbatches; i++)
+		for (int32_t l = 0; l < sh.layers; l++)
+			for (int32_t r = 0; r < sh.ep; r++)
+				fprintf(f, "0,%d,%d,%d,1.2\n", (int)i, (int)l, (int)r);
+	cr_assert_eq(fclose(f), 0);
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse(path, c.model->max_factor, a, stderr, &prof), 0);
+	kiln_sim_config cfg = {.c = &c,
+	                       .loads = prof,
+	                       .iterations = 1,
+	                       .seed = 1,
+	                       .restart_s = 284,
+	                       .checkpoint_every = 100,
+	                       .exact = 1,
+	                       .max_groups = 1};
+	kiln_sim_policy_kind k = KILN_SIM_MINDSPEED;
+	kiln_sim_result r;
+	cr_assert_eq(kiln_sim_run(&cfg, &k, 1, a, stderr, &r), 0);
+	cr_expect_eq(r.ooms, 0);
+	for (int32_t s = 0; s < r.n_stages; s++)
+		cr_expect_leq(r.peak_bytes[s], c.budgets[s].capacity_bytes, "stage %d", s);
 	unlink(path);
 	free(path);
 	kiln_arena_free(a);

@@ -557,6 +557,8 @@ int kilnc_simulate(int argc, char **argv)
 			kiln_json_add_number(o, "exposed_recompute_s", r->recompute_s);
 			kiln_json_add_number(o, "exposed_copy_s", r->copy_s);
 			kiln_json_add_i64(o, "over_budget_decisions", r->over_budget);
+			if (r->policy == KILN_SIM_MINDSPEED)
+				kiln_json_add_i64(o, "moe_forwards_checkpointed", r->triggered);
 			kiln_json_add_i64(o, "reruns", r->reruns);
 			kiln_json_add_number(o, "rerun_s", r->rerun_s);
 			kiln_json_add_i64(o, "stash_overflows", r->stash_overflows);
