@@ -308,3 +308,31 @@ int kiln_adapipe_partition(kiln_adapipe *x, kiln_arena *a, kiln_adapipe_split *o
 	describe(x, layers, NULL, out);
 	return 0;
 }
+
+int kiln_adapipe_compile(const kiln_compilation *c, kiln_arena *a3, kiln_model *m3,
+                         kiln_adapipe_split *split, kiln_compilation *c3, bool *c3_used, FILE *err)
+{
+	const kiln_model *m = c->model;
+	kiln_adapipe *x;
+	*c3_used = false;
+	if (kiln_adapipe_new(c, a3, &x) != 0 || kiln_adapipe_partition(x, a3, split) != 0)
+		return -1;
+	if (split->kept)
+		return 0;
+	bool same = m->n_stage_layers == (size_t)split->n_stages;
+	for (int32_t s = 0; same && s < split->n_stages; s++)
+		same = m->stage_layers[s] == split->layers[s];
+	if (same)
+		return 0;
+	/* vpp is 1 here (an interleaved schedule keeps the split), so one
+	 * entry per stage. */
+	*m3 = *m;
+	m3->stage_layers = split->layers;
+	m3->n_stage_layers = (size_t)split->n_stages;
+	*c3 = (kiln_compilation){.model = m3, .arena = a3, .progress = c->progress};
+	int prc = kiln_pipeline_compile(c3, NULL, NULL, NULL, err);
+	if (prc != 0)
+		return prc == -1 ? -2 : prc;
+	*c3_used = true;
+	return 0;
+}

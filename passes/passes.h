@@ -401,6 +401,15 @@ typedef struct kiln_adapipe_split {
  * or -1 on exhaustion. */
 int kiln_adapipe_partition(kiln_adapipe *x, kiln_arena *a, kiln_adapipe_split *out);
 
+/* adapipe's partition of c's model into *split and, when it differs from
+ * the model's own split, the model with that split (an explicit
+ * stage_layers, docs/model-format.md) in *m3, compiled into *c3 (arena a3)
+ * with *c3_used set. Returns 0; -1 on exhaustion searching the partition;
+ * -2 when the second compilation fails, -3 when it is over the cost bound
+ * (kiln_pipeline_compile's errors on err). */
+int kiln_adapipe_compile(const kiln_compilation *c, kiln_arena *a3, kiln_model *m3,
+                         kiln_adapipe_split *split, kiln_compilation *c3, bool *c3_used, FILE *err);
+
 /* interleave.c
  *
  * Dual-batch interleaving (DESIGN.md section 8, docs/schedule.md). In 1F1B

@@ -106,43 +106,19 @@ static int compile_model(const kiln_model *m, bool no_offload, kiln_arena *a,
 	return KILNC_EXIT_OK;
 }
 
-/* adapipe's partition of c's model (kiln_adapipe_partition) into *split
- * and, when it differs from the model's own split, the model with that
- * split compiled into c3 (arena a3; *c3_used set). Returns a KILNC_EXIT_
+/* adapipe's partition of c's model and its compilation
+ * (kiln_adapipe_compile), with the command's errors. Returns a KILNC_EXIT_
  * status. */
 static int adapipe_compile(const kiln_compilation *c, kiln_arena *a3, kiln_model *m3,
                            kiln_adapipe_split *split, kiln_compilation *c3, bool *c3_used)
 {
-	const kiln_model *m = c->model;
-	kiln_adapipe *x;
-	*c3_used = false;
-	if (kiln_adapipe_new(c, a3, &x) != 0 || kiln_adapipe_partition(x, a3, split) != 0) {
+	int rc = kiln_adapipe_compile(c, a3, m3, split, c3, c3_used, stderr);
+	if (rc == -1)
 		fprintf(stderr, "kilnc: error: out of memory searching adapipe's partition\n");
-		return KILNC_EXIT_INPUT;
-	}
-	if (split->kept)
-		return KILNC_EXIT_OK;
-	bool same = m->n_stage_layers == (size_t)split->n_stages;
-	for (int32_t s = 0; same && s < split->n_stages; s++)
-		same = m->stage_layers[s] == split->layers[s];
-	if (same)
-		return KILNC_EXIT_OK;
-	/* The model with an explicit stage_layers (docs/model-format.md):
-	 * vpp is 1 here, so one entry per stage. */
-	*m3 = *m;
-	m3->stage_layers = split->layers;
-	m3->n_stage_layers = (size_t)split->n_stages;
-	*c3 = (kiln_compilation){.model = m3, .arena = a3, .progress = c->progress};
-	int prc = kiln_pipeline_compile(c3, NULL, NULL, NULL, stderr);
-	if (prc != 0) {
-		if (prc != -3)
-			fprintf(stderr,
-			        "kilnc: error: compiling %s on adapipe's partition failed\n",
-			        m->name);
-		return KILNC_EXIT_INPUT;
-	}
-	*c3_used = true;
-	return KILNC_EXIT_OK;
+	else if (rc != 0 && rc != -3)
+		fprintf(stderr, "kilnc: error: compiling %s on adapipe's partition failed\n",
+		        c->model->name);
+	return rc == 0 ? KILNC_EXIT_OK : KILNC_EXIT_INPUT;
 }
 
 static int fill_json(FILE *f, void *doc)
