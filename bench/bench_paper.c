@@ -10,7 +10,7 @@
  * static plan without overlap, then adaptive, then with overlap. Then the
  * averages over the models beside the figures to beat.
  *
- * usage: bench_paper [ITERS] [SEED]
+ * usage: bench_paper [ITERS] [SEED] [PROFILE]   (PROFILE: a --loads profile, default paper)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +52,7 @@ int main(int argc, char **argv)
 {
 	int64_t iters = argc > 1 ? atoll(argv[1]) : 200;
 	uint64_t seed = argc > 2 ? (uint64_t)atoll(argv[2]) : 1;
+	const char *profile = argc > 3 ? argv[3] : "paper";
 	if (iters < 1 || iters > 1000000) {
 		fprintf(stderr, "bench_paper: ITERS must be 1..1e6\n");
 		return 2;
@@ -59,9 +60,9 @@ int main(int argc, char **argv)
 	kiln_sim_policy_kind all[KILN_SIM_POLICY_COUNT];
 	for (int k = 0; k < KILN_SIM_POLICY_COUNT; k++)
 		all[k] = (kiln_sim_policy_kind)k;
-	printf("kiln in the simulator: %lld iterations per model of the paper load profile "
+	printf("kiln in the simulator: %lld iterations per model of the %s load profile "
 	       "(seed %llu), restarts 284 s, checkpoints every 100 iterations\n\n",
-	       (long long)iters, (unsigned long long)seed);
+	       (long long)iters, profile, (unsigned long long)seed);
 	printf("%-18s %7s | %6s %6s %6s %6s %6s %6s %6s %6s %6s | %6s %6s %6s | %6s %6s | %5s "
 	       "%5s | %5s %5s %5s %5s %5s %5s | %6s %6s %6s | %5s\n",
 	       "model", "devices", "megat", "cap", "aggr", "adapip", "mindsp", "stash", "kiln",
@@ -81,8 +82,9 @@ int main(int argc, char **argv)
 		kiln_load_profile *prof;
 		kiln_sim_result r[KILN_SIM_POLICY_COUNT];
 		if (!a || !a2 || kiln_frontend_load_file(path, a, stderr, &m) != 0 ||
-		    compile(m, false, a, &c, &b1, &rt) != 0 || compile(m, true, a2, &c2, &b2, &rt2) != 0 ||
-		    kiln_load_parse("paper", m->max_factor, a, stderr, &prof) != 0) {
+		    compile(m, false, a, &c, &b1, &rt) != 0 ||
+		    compile(m, true, a2, &c2, &b2, &rt2) != 0 ||
+		    kiln_load_parse(profile, m->max_factor, a, stderr, &prof) != 0) {
 			fprintf(stderr, "bench_paper: %s does not compile\n", MODELS[i]);
 			return 1;
 		}
