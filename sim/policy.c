@@ -739,36 +739,17 @@ const kiln_sim_policy *kiln_sim_policy_rerun(const kiln_sim_policy *p)
 }
 
 /* Megatron-Core's --recompute-modules that act on units the stash does
- * not page, mapped to the ops whose outputs they drop (the mapping of
- * passes/baselines.c module_of; issue 17 item 1 folds both into one):
- * layernorm, core_attn, mla_up_proj, shared_experts. moe_act is covered
- * by the stash, moe (the whole MoE layer) would checkpoint what the stash
- * pages, and expert_fc1 and moe_act cannot be offloaded beside it
- * (Megatron-LM transformer_config.py:2210-2230). */
+ * not page, as the one mapping of modules to ops covers them
+ * (costmodel/megatron.c, kiln_megatron_recompute_cover): layernorm,
+ * core_attn, mla_up_proj, shared_experts. moe_act is covered by the
+ * stash, moe (the whole MoE layer) would checkpoint what the stash pages,
+ * and expert_fc1 and moe_act cannot be offloaded beside it (Megatron-LM
+ * transformer_config.py:2210-2230). */
 enum { STASH_MOD_LAYERNORM, STASH_MOD_CORE_ATTN, STASH_MOD_MLA_UP, STASH_MOD_SHARED, STASH_N_MODS };
 static const char *const STASH_MOD_NAMES[STASH_N_MODS] = {"layernorm", "core_attn", "mla_up_proj",
                                                           "shared_experts"};
-
-static int stash_module_of(kiln_op_kind k)
-{
-	switch (k) {
-	case KILN_OP_NORM:
-	case KILN_OP_Q_NORM:
-	case KILN_OP_KV_NORM:
-		return STASH_MOD_LAYERNORM;
-	case KILN_OP_ATTN_CORE:
-	case KILN_OP_ATTN_DROPOUT:
-		return STASH_MOD_CORE_ATTN;
-	case KILN_OP_Q_UP:
-	case KILN_OP_KV_UP:
-		return STASH_MOD_MLA_UP;
-	case KILN_OP_SHARED_UP:
-	case KILN_OP_SHARED_ACT:
-		return STASH_MOD_SHARED;
-	default:
-		return -1;
-	}
-}
+static const uint32_t STASH_MOD_BITS[STASH_N_MODS] = {
+    KILN_MRC(LAYERNORM), KILN_MRC(CORE_ATTN), KILN_MRC(MLA_UP_PROJ), KILN_MRC(SHARED_EXPERTS)};
 
 /* Megatron-Core's --offload-modules allowed beside the stash, each
  * offloading the input of its module (transformer_config.py:1323-1342:
@@ -831,13 +812,16 @@ static int stash_actions(const kiln_compilation *c, const kiln_unit_set *set, un
                          unsigned omods, uint8_t *out)
 {
 	const kiln_ir_layer *L = &c->graph->layers[set->layer];
+	uint32_t mrc = 0;
+	for (int j = 0; j < STASH_N_MODS; j++)
+		mrc |= (rmods >> j & 1) ? STASH_MOD_BITS[j] : 0;
 	for (int32_t u = 0; u < set->n_units; u++) {
 		const kiln_unit *un = &set->units[u];
 		out[u] = KILN_ACT_KEEP;
 		if (stash_paged_unit(c, un))
 			continue;
-		int mod = stash_module_of(c->graph->ops[un->producer].kind);
-		int rec = mod >= 0 && (rmods >> mod & 1) && !(un->flags & KILN_UNIT_LAYER_INPUT);
+		int rec = (kiln_megatron_recompute_cover(c->graph->ops[un->producer].kind) & mrc) &&
+		          !(un->flags & KILN_UNIT_LAYER_INPUT);
 		int off = omods ? stash_offload_of(c->graph, L, un->tensor) : -1;
 		off = off >= 0 && (omods >> off & 1);
 		if (rec && off)
