@@ -1,17 +1,27 @@
 /* passes/adapipe.c: AdaPipe's joint choice of the pipeline partition and
- * each stage's recomputation (docs/cost-model.md, "Baselines: AdaPipe's
- * partition").
+ * each stage's recomputation (docs/cost-model.md, "AdaPipe's partition").
  *
- * AdaPipe (Sun et al., "AdaPipe: Optimizing Pipeline Parallelism with
- * Adaptive Recomputation and Partitioning", ASPLOS 2024; no public code
- * was found in the search index, so this follows the paper's algorithm:
- * section 4, adaptive recomputation, and section 5, adaptive partitioning)
- * profiles one configuration offline and then (1) per pipeline stage
- * chooses the recomputation that fits the stage's memory with the
- * micro-batches 1F1B keeps in flight there, and (2) chooses the contiguous
- * layer ranges of the stages by dynamic programming over stage boundaries,
- * each range costed by its best recomputation, so that the slowest stage,
- * which sets the 1F1B steady state, is as fast as possible.
+ * AdaPipe: Z. Sun, H. Cao, Y. Wang, G. Feng, S. Chen, H. Wang, W. Chen,
+ * "AdaPipe: Optimizing Pipeline Parallelism with Adaptive Recomputation
+ * and Partitioning", ASPLOS '24 vol. 3, pp. 86-100,
+ * doi:10.1145/3620666.3651359. No code of it is public in the search index
+ * (code, docs, issues and pages searched for "AdaPipe" and its title on
+ * 2026-12-02), nor is the paper's body: what was checked is its abstract
+ * (ACM DL, OpenReview T4q1IUGWgq), which says it searches the recomputation
+ * and the stage partitioning together, that its adaptive recomputation
+ * uses the memory of each stage to cut that stage's compute, that its
+ * partitioning balances compute across stages, and that it was evaluated
+ * on GPT-3 175B and Llama 2 70B (dense models). Section numbers, its
+ * equations, its exact objective and its recompute granularity could not
+ * be read, so what follows is kiln's model of that description
+ * (docs/cost-model.md lists which parts are kiln's choices):
+ *
+ * (1) per pipeline stage, the cheapest recomputation with which the stage
+ * fits its memory with the micro-batches 1F1B keeps in flight there, and
+ * (2) the contiguous layer ranges of the stages by dynamic programming
+ * over stage boundaries, each range costed by its best recomputation, so
+ * that the slowest stage, which sets the 1F1B steady state, is as fast as
+ * possible.
  *
  * Here a stage holding d dense and e MoE transformer layers (dense layers
  * are the model's first ones, so a range's kinds follow from its ends) is
@@ -23,7 +33,13 @@
  * embedding on the first stage and the head on the last) and its fixed
  * activations. Its time is its layers' forward and backward at the design
  * load plus the plan's exposed recompute. Pipeline sends are left out:
- * every partition has one per stage boundary.
+ * every partition has one per stage boundary. The table points lie on the
+ * frontier of resident bytes saved against time, which does not see the
+ * transient bytes of the fit rule, so a plan off that frontier (less
+ * saved, far less transient) can fit where the frontier's equally fast
+ * points do not: the stage cost is then above the exact cheapest fit
+ * (tests/test_adapipe.c, joint_search_equals_brute_force; docs/cost-model.md
+ * gives the gap).
  *
  * The partition: the least possible slowest stage (a bottleneck dynamic
  * program over stage boundaries), then among the partitions reaching it
@@ -239,7 +255,8 @@ int kiln_adapipe_partition(kiln_adapipe *x, kiln_arena *a, kiln_adapipe_split *o
 	for (size_t ch = 0; ch < m->n_stage_layers; ch++)
 		own[ch % (size_t)p] += m->stage_layers[ch];
 	if (m->schedule == KILN_SCHED_INTERLEAVED && m->vpp > 1) {
-		describe(x, own, "interleaved schedule: AdaPipe partitions 1F1B pipelines", out);
+		describe(x, own,
+		         "interleaved schedule: the search places one layer range per stage", out);
 		return 0;
 	}
 	if ((double)p * (double)L * (double)(L - p + 1) > MAX_STEPS || !x->memo) {
