@@ -62,6 +62,14 @@ double kiln_cost_model_flops_per_token_ex(const kiln_model *m, bool causal_halve
 /* The vocabulary padded as Megatron pads it: up to a multiple of 128 * tp. */
 double kiln_cost_padded_vocab(const kiln_model *m);
 
+/* hbm.c */
+
+/* Time to move bytes through HBM at hw->hbm_gbps: bytes / (hbm_gbps * 1e3)
+ * us, 0 without a bandwidth. The one formula for memory-bound op time
+ * (time.c) and the copy engine's HBM share of an offload (2 * bytes per
+ * unit, passes/options.c and passes/interleave.c). */
+double kiln_cost_hbm_us(const kiln_hardware *hw, double bytes);
+
 /* time.c */
 
 /* Time of one op for one micro-batch at local expert load n. */
