@@ -332,13 +332,60 @@ static double table_score(const kiln_compilation *c, const kiln_plan_table *t,
 	return mk < 0 ? -1 : sum;
 }
 
+/* The MILP's frontier as a plan table reads it (docs/cost-model.md,
+ * "Solvers"). The DP's frontier, as a warm start, says which targets the
+ * table reads: every point when it keeps them all (at most
+ * KILN_PLAN_TABLE_STEPS + 1), else the table's step targets; the MILP
+ * solves each. Its levels are then re-traced by the canonical rule
+ * (kiln_cost_frontier_levels), so both solvers name the same plans; where
+ * the two exact solvers disagree on a level's cost the MILP's own plans
+ * stand (and the final tables differ: tests/test_plan.c compares them). */
+static int solve_milp(const kiln_compilation *c, const kiln_plan_instance *in, kiln_arena *a,
+                      kiln_frontier *out)
+{
+	kiln_frontier fd, fm, fc;
+	if (kiln_cost_frontier_dp(in, a, &fd) != 0)
+		return -1;
+	int rc;
+	if (fd.n_points <= KILN_PLAN_TABLE_STEPS + 1) {
+		rc = kiln_cost_frontier_milp_metered(in, c->meter, a, &fm);
+	} else {
+		uint32_t targets[KILN_PLAN_TABLE_STEPS];
+		int32_t nt = 0;
+		uint64_t max_q = fd.points[fd.n_points - 1].saved_q;
+		for (int k = 1; k <= KILN_PLAN_TABLE_STEPS; k++) {
+			uint64_t want = (max_q * (uint64_t)k + KILN_PLAN_TABLE_STEPS - 1) /
+			                KILN_PLAN_TABLE_STEPS;
+			if (nt == 0 || want > targets[nt - 1])
+				targets[nt++] = (uint32_t)want;
+		}
+		rc = kiln_cost_frontier_milp_targets(in, targets, nt, c->meter, a, &fm);
+	}
+	if (rc != 0 || fm.n_points < 1)
+		return -1;
+	uint32_t *levels = kiln_arena_alloc(a, sizeof(uint32_t) * (size_t)fm.n_points);
+	if (!levels)
+		return -1;
+	for (int32_t p = 1; p < fm.n_points; p++)
+		levels[p - 1] = fm.points[p].saved_q;
+	bool same = kiln_cost_frontier_levels(in, levels, fm.n_points - 1, a, &fc) == 0 &&
+	            fc.n_points == fm.n_points;
+	for (int32_t p = 1; same && p < fm.n_points; p++) {
+		double x = fc.points[p].exposed_us, y = fm.points[p].exposed_us;
+		same = fc.points[p].saved_q == fm.points[p].saved_q &&
+		       fabs(x - y) <= 1e-9 * fmax(1.0, fmax(fabs(x), fabs(y)));
+	}
+	*out = same ? fc : fm;
+	return 0;
+}
+
 static int solve(const kiln_compilation *c, const kiln_plan_instance *in, kiln_arena *a,
                  const kiln_frontier **out)
 {
 	kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
 	if (!f)
 		return -1;
-	int rc = c->solver == KILN_SOLVER_MILP ? kiln_cost_frontier_milp_metered(in, c->meter, a, f)
+	int rc = c->solver == KILN_SOLVER_MILP ? solve_milp(c, in, a, f)
 	                                       : kiln_cost_frontier_dp(in, a, f);
 	*out = f;
 	return rc;
