@@ -272,6 +272,94 @@ Test(plan, dp_matches_milp_on_shipped_models, .timeout = 300, .init = kt_slow)
 	}
 }
 
+/* Both solvers compile model rel to the same final tables: per table the
+ * same points with the same per-unit actions, exact bytes, scheduled
+ * exposed time and estimate, and per stage the same budget. The MILP
+ * decides which levels are on its frontier on its own (at the targets a
+ * table reads); the canonical rule names their plans (docs/cost-model.md,
+ * "Solvers"), so any difference is a level one solver found and the other
+ * missed. */
+static void same_final_tables(const char *rel)
+{
+	kiln_arena *ad, *am;
+	kiln_compilation d = kt_compile(rel, KILN_SOLVER_DP, &ad);
+	kiln_compilation m = kt_compile(rel, KILN_SOLVER_MILP, &am);
+	cr_assert_eq(d.n_sets, m.n_sets);
+	cr_assert_eq(d.n_buckets, m.n_buckets);
+	for (int32_t s = 0; s < d.n_sets; s++)
+		for (int32_t b = 0; b < d.n_buckets; b++) {
+			const kiln_plan_table *x = table(&d, s, b), *y = table(&m, s, b);
+			cr_assert_eq(x->n_points, y->n_points,
+			             "%s set %d bucket %d: %d points, milp %d", rel, s, b,
+			             x->n_points, y->n_points);
+			for (int32_t p = 0; p < x->n_points; p++) {
+				const uint8_t *ax = d.pool->actions[x->plan[p]];
+				const uint8_t *ay = m.pool->actions[y->plan[p]];
+				cr_assert_eq(memcmp(ax, ay, (size_t)x->set->n_units), 0,
+				             "%s set %d bucket %d point %d: other actions", rel, s,
+				             b, p);
+				cr_assert(memcmp(&x->bytes[p], &y->bytes[p], sizeof x->bytes[p]) ==
+				              0,
+				          "%s set %d bucket %d point %d: bytes", rel, s, b, p);
+				cr_assert_eq(kiln_plan_table_exposed_us(x, p),
+				             kiln_plan_table_exposed_us(y, p),
+				             "%s set %d bucket %d point %d: scheduled %g, milp %g",
+				             rel, s, b, p, kiln_plan_table_exposed_us(x, p),
+				             kiln_plan_table_exposed_us(y, p));
+				cr_assert_eq(x->frontier->points[x->point[p]].exposed_us,
+				             y->frontier->points[y->point[p]].exposed_us);
+			}
+			cr_assert_eq(x->instance.free_offload_q, y->instance.free_offload_q,
+			             "%s set %d bucket %d: measured window", rel, s, b);
+		}
+	for (int32_t st = 0; st < d.graph->n_stages; st++) {
+		const kiln_stage_budget *x = &d.budgets[st], *y = &m.budgets[st];
+		cr_assert_eq(x->budget_bytes, y->budget_bytes, "%s stage %d", rel, st);
+		cr_assert_eq(x->steady_exposed_us, y->steady_exposed_us, "%s stage %d", rel, st);
+		cr_assert_eq(x->safety_factor, y->safety_factor, "%s stage %d", rel, st);
+	}
+	kiln_arena_free(ad);
+	kiln_arena_free(am);
+}
+
+/* Times per model and solver (kilnc compile, one run on the shared 2-core
+ * machine) are in docs/cost-model.md, "Solvers"; the slower ones run in the
+ * full tier only. */
+Test(plan, dp_and_milp_final_tables_identical_llama3)
+{
+	same_final_tables("examples/models/llama3-8b-dense.yaml");
+}
+
+Test(plan, dp_and_milp_final_tables_identical_mixtral)
+{
+	same_final_tables("examples/models/mixtral-8x22b.yaml");
+}
+
+Test(plan, dp_and_milp_final_tables_identical_tiny, .timeout = 600, .init = kt_slow)
+{
+	same_final_tables("examples/models/tiny.yaml");
+}
+
+Test(plan, dp_and_milp_final_tables_identical_deepseek_v3, .timeout = 900, .init = kt_slow)
+{
+	same_final_tables("examples/models/deepseek-v3-671b.yaml");
+}
+
+Test(plan, dp_and_milp_final_tables_identical_kimi_k2, .timeout = 900, .init = kt_slow)
+{
+	same_final_tables("examples/models/kimi-k2-1t.yaml");
+}
+
+Test(plan, dp_and_milp_final_tables_identical_qwen3, .timeout = 900, .init = kt_slow)
+{
+	same_final_tables("examples/models/qwen3-235b-a22b.yaml");
+}
+
+Test(plan, dp_and_milp_final_tables_identical_custom_moe, .timeout = 900, .init = kt_slow)
+{
+	same_final_tables("examples/models/custom-moe-188b.yaml");
+}
+
 Test(plan, pool_holds_distinct_plans)
 {
 	kiln_arena *a;
