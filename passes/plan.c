@@ -6,6 +6,7 @@
  * layer at every load) share one frontier, solved once.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "costmodel/costmodel.h"
@@ -391,6 +392,130 @@ static int solve(const kiln_compilation *c, const kiln_plan_instance *in, kiln_a
 	return rc;
 }
 
+/* Schedule cost of a plan as the feedback will price it, up to the
+ * keep-everything makespan they all share: its makespan plus its offloads'
+ * HBM time (passes/interleave.c). -1 on exhaustion. */
+static double plan_schedule_us(const kiln_compilation *c, const kiln_plan_table *t,
+                               const uint8_t *actions, kiln_arena *sa)
+{
+	double mk = kiln_interleave_makespan(c, t, actions, sa);
+	if (mk < 0)
+		return -1;
+	double nl = t->set->kind == KILN_LAYER_MOE ? t->n : 0;
+	for (int32_t u = 0; u < t->set->n_units; u++)
+		if (actions[u] == KILN_ACT_OFFLOAD)
+			mk += kiln_cost_hbm_us(&c->model->hw,
+			                       2.0 * kiln_lin_at(t->set->units[u].bytes, nl));
+	return mk;
+}
+
+typedef struct pick {
+	const kiln_plan_point *pt;
+	double us; /* plan_schedule_us */
+} pick;
+
+static int pick_cmp(const void *x, const void *y)
+{
+	const pick *a = x, *b = y;
+	return a->pt->saved_q < b->pt->saved_q ? -1 : a->pt->saved_q > b->pt->saved_q;
+}
+
+/* The table's points chosen by the schedule (docs/cost-model.md, "Points
+ * chosen by the schedule"): fs[0..nf) are canonical frontiers of the same
+ * groups solved with different copy windows, fs[0] the one whose window t
+ * keeps. For each saving the table reads from fs[0] (its table points),
+ * every frontier offers its cheapest point saving at least as much; among
+ * those saving no fewer exact bytes and holding no more transient or
+ * offloaded bytes than fs[0]'s, the one whose template schedules shortest
+ * wins (fs[0] on a tie, then the lower index). The winners, in ascending saving (one per
+ * saving: the shorter scheduled), their totals re-evaluated under
+ * t->instance, become t->frontier. Returns 0 or -1. */
+static int choose_by_schedule(const kiln_compilation *c, kiln_plan_table *t,
+                              const kiln_frontier *const *fs, int32_t nf, kiln_arena *a)
+{
+	t->frontier = fs[0];
+	if (kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, NULL, a) != 0)
+		return -1;
+	kiln_arena *sa;
+	uint8_t *actions = scratch_actions(t, &sa);
+	pick *picks = kiln_arena_alloc(a, sizeof(pick) * (size_t)t->n_points);
+	double **memo = kiln_arena_alloc(a, sizeof(double *) * (size_t)nf);
+	if (!actions || !picks || !memo) {
+		kiln_arena_free(sa);
+		return -1;
+	}
+	int rc = 0;
+	for (int32_t i = 0; i < nf && rc == 0; i++) {
+		memo[i] = kiln_arena_alloc(a, sizeof(double) * (size_t)fs[i]->n_points);
+		if (!memo[i])
+			rc = -1;
+		for (int32_t p = 0; rc == 0 && p < fs[i]->n_points; p++)
+			memo[i][p] = NAN;
+	}
+	int32_t n = 0;
+	for (int32_t k = 1; k < t->n_points && rc == 0; k++) {
+		uint32_t want = fs[0]->points[t->point[k]].saved_q;
+		pick best = {NULL, INFINITY};
+		kiln_plan_bytes ref;
+		for (int32_t i = 0; i < nf; i++) {
+			const kiln_frontier *f = fs[i];
+			int32_t p = 0;
+			while (p < f->n_points - 1 && f->points[p].saved_q < want)
+				p++;
+			if (f->points[p].saved_q < want)
+				continue;
+			kiln_plan_actions(&t->instance, &f->points[p], actions);
+			if (isnan(memo[i][p])) {
+				if ((memo[i][p] = plan_schedule_us(c, t, actions, sa)) < 0) {
+					rc = -1;
+					break;
+				}
+			}
+			/* Only a point the budget cannot like less replaces fs[0]'s:
+			 * no less saved, no more transient or offloaded bytes. */
+			kiln_plan_bytes by;
+			kiln_plan_bytes_at(t->set, actions, t->n, &by);
+			if (i == 0)
+				ref = by;
+			else if (by.saved < ref.saved || by.transient > ref.transient ||
+			         by.offloaded > ref.offloaded)
+				continue;
+			if (memo[i][p] < best.us)
+				best = (pick){&f->points[p], memo[i][p]};
+		}
+		if (rc == 0 && best.pt)
+			picks[n++] = best;
+	}
+	kiln_arena_free(sa);
+	if (rc != 0)
+		return -1;
+	qsort(picks, (size_t)n, sizeof(pick), pick_cmp);
+	kiln_frontier *out = kiln_arena_alloc(a, sizeof *out);
+	kiln_plan_point *pts = kiln_arena_alloc(a, sizeof(kiln_plan_point) * (size_t)(n + 1));
+	if (!out || !pts)
+		return -1;
+	pts[0] = fs[0]->points[0];
+	int32_t m = 1;
+	double last_us = 0;
+	for (int32_t k = 0; k < n; k++) {
+		if (picks[k].pt->saved_q == pts[m - 1].saved_q) {
+			if (m > 1 && picks[k].us < last_us) { /* one per saving: the shorter */
+				kiln_cost_plan_eval(&t->instance, picks[k].pt->choice, &pts[m - 1]);
+				pts[m - 1].choice = picks[k].pt->choice;
+				last_us = picks[k].us;
+			}
+			continue;
+		}
+		kiln_cost_plan_eval(&t->instance, picks[k].pt->choice, &pts[m]);
+		pts[m++].choice = picks[k].pt->choice;
+		last_us = picks[k].us;
+	}
+	out->points = pts;
+	out->n_points = m;
+	t->frontier = out;
+	return 0;
+}
+
 /* Solves t's frontier: with the first estimate of the copy window, then,
  * once its plans are scheduled, with each measured window (measure_window)
  * that is smaller; keeps the frontier whose table schedules shortest
@@ -404,10 +529,11 @@ static int solve_measured(const kiln_compilation *c, kiln_plan_table *t, kiln_ar
 		return -1;
 	if (lo >= est_q)
 		return 0;
-	const kiln_frontier *est_f = t->frontier, *best_f = NULL;
+	const kiln_frontier *est_f = t->frontier, *best_f = NULL, *fs[3] = {NULL, NULL, NULL};
 	uint32_t best_q = 0;
 	double best = INFINITY;
 	const uint32_t cand[2] = {lo, hi};
+	int32_t nf = 0, best_i = 0;
 	for (int i = 0; i < 2; i++) {
 		if (i == 1 && hi == lo)
 			break;
@@ -418,15 +544,25 @@ static int solve_measured(const kiln_compilation *c, kiln_plan_table *t, kiln_ar
 		double sc = table_score(c, t, f);
 		if (sc < 0)
 			return -1;
+		fs[nf++] = f;
 		if (sc < best) {
 			best = sc;
 			best_f = f;
 			best_q = cand[i];
+			best_i = nf - 1;
 		}
 	}
 	t->instance.free_offload_q = best_q;
-	t->frontier = best_f;
-	return 0;
+	/* Every frontier solved is a source of table points; the window's
+	 * frontier comes first. */
+	const kiln_frontier *order[3] = {best_f, NULL, NULL};
+	int32_t no = 1;
+	for (int32_t i = 0; i < nf; i++)
+		if (i != best_i)
+			order[no++] = fs[i];
+	if (est_f != fs[0] && est_f != fs[1 < nf ? 1 : 0])
+		order[no++] = est_f;
+	return choose_by_schedule(c, t, order, no, a);
 }
 
 int kiln_pass_plan(kiln_compilation *c)
