@@ -259,8 +259,31 @@ static uint8_t *scratch_actions(const kiln_plan_table *t, kiln_arena **out)
 	return actions;
 }
 
-static int measure_window(const kiln_compilation *c, const kiln_plan_table *t, uint32_t *lo,
-                          uint32_t *hi)
+/* A makespan per point of f, NAN until scheduled (arena-owned), so that a
+ * plan scheduled to measure a window, to score a table or to choose its
+ * points is scheduled once. NULL on exhaustion. */
+static double *makespan_memo(const kiln_frontier *f, kiln_arena *a)
+{
+	double *m = kiln_arena_alloc(a, sizeof(double) * (size_t)(f->n_points ? f->n_points : 1));
+	for (int32_t p = 0; m && p < f->n_points; p++)
+		m[p] = NAN;
+	return m;
+}
+
+/* Makespan of point p of f at t (memo[p] when known). -1 on exhaustion. */
+static double memo_makespan(const kiln_compilation *c, const kiln_plan_table *t,
+                            const kiln_frontier *f, int32_t p, double *memo, uint8_t *actions,
+                            kiln_arena *sa)
+{
+	if (isnan(memo[p])) {
+		kiln_plan_actions(&t->instance, &f->points[p], actions);
+		memo[p] = kiln_interleave_makespan(c, t, actions, sa);
+	}
+	return memo[p];
+}
+
+static int measure_window(const kiln_compilation *c, const kiln_plan_table *t, double *memo,
+                          uint32_t *lo, uint32_t *hi)
 {
 	const kiln_plan_instance *in = &t->instance;
 	*lo = *hi = in->free_offload_q;
@@ -277,8 +300,7 @@ static int measure_window(const kiln_compilation *c, const kiln_plan_table *t, u
 		const kiln_plan_point *pt = &t->frontier->points[t->point[p]];
 		if ((double)pt->offload_q <= whole_q)
 			continue; /* it can raise neither: h <= B <= whole_q <= part_q */
-		kiln_plan_actions(in, pt, actions);
-		double mk = kiln_interleave_makespan(c, t, actions, sa);
+		double mk = memo_makespan(c, t, t->frontier, t->point[p], memo, actions, sa);
 		if (mk < 0) {
 			rc = -1;
 			break;
@@ -306,7 +328,7 @@ static int measure_window(const kiln_compilation *c, const kiln_plan_table *t, u
  * the cheapest point saving at least as much. Windows are compared by it
  * (lower is better). Returns -1 on exhaustion. */
 static double table_score(const kiln_compilation *c, const kiln_plan_table *t,
-                          const kiln_frontier *f)
+                          const kiln_frontier *f, double *memo)
 {
 	kiln_arena *sa;
 	uint8_t *actions = scratch_actions(t, &sa);
@@ -321,8 +343,7 @@ static double table_score(const kiln_compilation *c, const kiln_plan_table *t,
 		while (p < f->n_points - 1 && f->points[p].saved_q < want)
 			p++;
 		if (p != last) {
-			kiln_plan_actions(&t->instance, &f->points[p], actions);
-			mk = kiln_interleave_makespan(c, t, actions, sa);
+			mk = memo_makespan(c, t, f, p, memo, actions, sa);
 			last = p;
 			if (mk < 0)
 				break;
@@ -392,16 +413,12 @@ static int solve(const kiln_compilation *c, const kiln_plan_instance *in, kiln_a
 	return rc;
 }
 
-/* Schedule cost of a plan as the feedback will price it, up to the
- * keep-everything makespan they all share: its makespan plus its offloads'
- * HBM time (passes/interleave.c). -1 on exhaustion. */
-static double plan_schedule_us(const kiln_compilation *c, const kiln_plan_table *t,
-                               const uint8_t *actions, kiln_arena *sa)
+/* The HBM time of a plan's offloads, which the feedback adds to its
+ * scheduled delay (passes/interleave.c). */
+static double plan_hbm_us(const kiln_compilation *c, const kiln_plan_table *t,
+                          const uint8_t *actions)
 {
-	double mk = kiln_interleave_makespan(c, t, actions, sa);
-	if (mk < 0)
-		return -1;
-	double nl = t->set->kind == KILN_LAYER_MOE ? t->n : 0;
+	double mk = 0, nl = t->set->kind == KILN_LAYER_MOE ? t->n : 0;
 	for (int32_t u = 0; u < t->set->n_units; u++)
 		if (actions[u] == KILN_ACT_OFFLOAD)
 			mk += kiln_cost_hbm_us(&c->model->hw,
@@ -411,7 +428,7 @@ static double plan_schedule_us(const kiln_compilation *c, const kiln_plan_table 
 
 typedef struct pick {
 	const kiln_plan_point *pt;
-	double us; /* plan_schedule_us */
+	double us; /* makespan + plan_hbm_us */
 } pick;
 
 static int pick_cmp(const void *x, const void *y)
@@ -431,7 +448,8 @@ static int pick_cmp(const void *x, const void *y)
  * saving: the shorter scheduled), their totals re-evaluated under
  * t->instance, become t->frontier. Returns 0 or -1. */
 static int choose_by_schedule(const kiln_compilation *c, kiln_plan_table *t,
-                              const kiln_frontier *const *fs, int32_t nf, kiln_arena *a)
+                              const kiln_frontier *const *fs, double *const *memo, int32_t nf,
+                              kiln_arena *a)
 {
 	t->frontier = fs[0];
 	if (kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, NULL, a) != 0)
@@ -439,19 +457,11 @@ static int choose_by_schedule(const kiln_compilation *c, kiln_plan_table *t,
 	kiln_arena *sa;
 	uint8_t *actions = scratch_actions(t, &sa);
 	pick *picks = kiln_arena_alloc(a, sizeof(pick) * (size_t)t->n_points);
-	double **memo = kiln_arena_alloc(a, sizeof(double *) * (size_t)nf);
-	if (!actions || !picks || !memo) {
+	if (!actions || !picks) {
 		kiln_arena_free(sa);
 		return -1;
 	}
 	int rc = 0;
-	for (int32_t i = 0; i < nf && rc == 0; i++) {
-		memo[i] = kiln_arena_alloc(a, sizeof(double) * (size_t)fs[i]->n_points);
-		if (!memo[i])
-			rc = -1;
-		for (int32_t p = 0; rc == 0 && p < fs[i]->n_points; p++)
-			memo[i][p] = NAN;
-	}
 	int32_t n = 0;
 	for (int32_t k = 1; k < t->n_points && rc == 0; k++) {
 		uint32_t want = fs[0]->points[t->point[k]].saved_q;
@@ -464,24 +474,24 @@ static int choose_by_schedule(const kiln_compilation *c, kiln_plan_table *t,
 				p++;
 			if (f->points[p].saved_q < want)
 				continue;
-			kiln_plan_actions(&t->instance, &f->points[p], actions);
-			if (isnan(memo[i][p])) {
-				if ((memo[i][p] = plan_schedule_us(c, t, actions, sa)) < 0) {
-					rc = -1;
-					break;
-				}
-			}
 			/* Only a point the budget cannot like less replaces fs[0]'s:
 			 * no less saved, no more transient or offloaded bytes. */
 			kiln_plan_bytes by;
+			kiln_plan_actions(&t->instance, &f->points[p], actions);
 			kiln_plan_bytes_at(t->set, actions, t->n, &by);
 			if (i == 0)
 				ref = by;
 			else if (by.saved < ref.saved || by.transient > ref.transient ||
 			         by.offloaded > ref.offloaded)
 				continue;
-			if (memo[i][p] < best.us)
-				best = (pick){&f->points[p], memo[i][p]};
+			double us = plan_hbm_us(c, t, actions);
+			double mk = memo_makespan(c, t, f, p, memo[i], actions, sa);
+			if (mk < 0) {
+				rc = -1;
+				break;
+			}
+			if (mk + us < best.us)
+				best = (pick){&f->points[p], mk + us};
 		}
 		if (rc == 0 && best.pt)
 			picks[n++] = best;
@@ -523,46 +533,52 @@ static int choose_by_schedule(const kiln_compilation *c, kiln_plan_table *t,
 static int solve_measured(const kiln_compilation *c, kiln_plan_table *t, kiln_arena *a)
 {
 	uint32_t est_q = t->instance.free_offload_q, lo, hi;
+	double *est_memo;
 	if (solve(c, &t->instance, a, &t->frontier) != 0 ||
 	    kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, NULL, a) != 0 ||
-	    measure_window(c, t, &lo, &hi) != 0)
+	    !(est_memo = makespan_memo(t->frontier, a)) ||
+	    measure_window(c, t, est_memo, &lo, &hi) != 0)
 		return -1;
 	if (lo >= est_q)
 		return 0;
-	const kiln_frontier *est_f = t->frontier, *best_f = NULL, *fs[3] = {NULL, NULL, NULL};
+	/* Every frontier solved is a source of table points (fs, with their
+	 * makespans in ms); the kept window's comes first. */
+	const kiln_frontier *est_f = t->frontier, *fs[3] = {est_f, NULL, NULL};
+	double *ms[3] = {est_memo, NULL, NULL};
+	int32_t nf = 1, best_i = -1;
 	uint32_t best_q = 0;
 	double best = INFINITY;
 	const uint32_t cand[2] = {lo, hi};
-	int32_t nf = 0, best_i = 0;
 	for (int i = 0; i < 2; i++) {
 		if (i == 1 && hi == lo)
 			break;
-		const kiln_frontier *f = est_f;
+		int32_t fi = 0; /* a window at the first estimate keeps its frontier */
 		t->instance.free_offload_q = cand[i];
-		if (cand[i] < est_q && solve(c, &t->instance, a, &f) != 0)
-			return -1;
-		double sc = table_score(c, t, f);
+		if (cand[i] < est_q) {
+			fi = nf++;
+			if (solve(c, &t->instance, a, &fs[fi]) != 0 ||
+			    !(ms[fi] = makespan_memo(fs[fi], a)))
+				return -1;
+		}
+		double sc = table_score(c, t, fs[fi], ms[fi]);
 		if (sc < 0)
 			return -1;
-		fs[nf++] = f;
 		if (sc < best) {
 			best = sc;
-			best_f = f;
+			best_i = fi;
 			best_q = cand[i];
-			best_i = nf - 1;
 		}
 	}
 	t->instance.free_offload_q = best_q;
-	/* Every frontier solved is a source of table points; the window's
-	 * frontier comes first. */
-	const kiln_frontier *order[3] = {best_f, NULL, NULL};
+	const kiln_frontier *order[3] = {fs[best_i], NULL, NULL};
+	double *order_ms[3] = {ms[best_i], NULL, NULL};
 	int32_t no = 1;
 	for (int32_t i = 0; i < nf; i++)
-		if (i != best_i)
-			order[no++] = fs[i];
-	if (est_f != fs[0] && est_f != fs[1 < nf ? 1 : 0])
-		order[no++] = est_f;
-	return choose_by_schedule(c, t, order, no, a);
+		if (i != best_i) {
+			order[no] = fs[i];
+			order_ms[no++] = ms[i];
+		}
+	return choose_by_schedule(c, t, order, order_ms, no, a);
 }
 
 int kiln_pass_plan(kiln_compilation *c)
