@@ -441,7 +441,8 @@ static int pick_cmp(const void *x, const void *y)
  * chosen by the schedule"): fs[0..nf) are canonical frontiers of the same
  * groups solved with different copy windows, fs[0] the one whose window t
  * keeps. For each saving the table reads from fs[0] (its table points),
- * every frontier offers its cheapest point saving at least as much; among
+ * every frontier offers the first of its own table points (the points a
+ * table filled from it would hold) saving at least as much; among
  * those saving no fewer exact bytes and holding no more transient or
  * offloaded bytes than fs[0]'s, the one whose template schedules shortest
  * wins (fs[0] on a tie, then the lower index). The winners, in ascending saving (one per
@@ -461,7 +462,19 @@ static int choose_by_schedule(const kiln_compilation *c, kiln_plan_table *t,
 		kiln_arena_free(sa);
 		return -1;
 	}
+	/* Each frontier offers the points its own table would read: what both
+	 * solvers' frontiers hold alike (--solver milp solves only those). */
+	kiln_plan_table *own = kiln_arena_alloc(a, sizeof(kiln_plan_table) * (size_t)nf);
+	if (!own) {
+		kiln_arena_free(sa);
+		return -1;
+	}
 	int rc = 0;
+	for (int32_t i = 0; i < nf && rc == 0; i++) {
+		own[i] = *t;
+		own[i].frontier = fs[i];
+		rc = kiln_plan_table_fill(&own[i], KILN_PLAN_TABLE_STEPS, NULL, a);
+	}
 	int32_t n = 0;
 	for (int32_t k = 1; k < t->n_points && rc == 0; k++) {
 		uint32_t want = fs[0]->points[t->point[k]].saved_q;
@@ -469,9 +482,10 @@ static int choose_by_schedule(const kiln_compilation *c, kiln_plan_table *t,
 		kiln_plan_bytes ref;
 		for (int32_t i = 0; i < nf; i++) {
 			const kiln_frontier *f = fs[i];
-			int32_t p = 0;
-			while (p < f->n_points - 1 && f->points[p].saved_q < want)
-				p++;
+			int32_t j = 0;
+			while (j < own[i].n_points - 1 && f->points[own[i].point[j]].saved_q < want)
+				j++;
+			int32_t p = own[i].point[j];
 			if (f->points[p].saved_q < want)
 				continue;
 			/* Only a point the budget cannot like less replaces fs[0]'s:

@@ -315,6 +315,13 @@ static void same_final_tables(const char *rel)
 			cr_assert_eq(x->instance.free_offload_q, y->instance.free_offload_q,
 			             "%s set %d bucket %d: measured window", rel, s, b);
 		}
+	/* The pool too: it also holds the points the feedback dropped. */
+	cr_assert_eq(d.pool->n, m.pool->n, "%s: %d plans, milp %d", rel, d.pool->n, m.pool->n);
+	for (int32_t i = 0; i < d.pool->n; i++)
+		cr_assert(d.pool->set[i] - d.sets == m.pool->set[i] - m.sets &&
+		              memcmp(d.pool->actions[i], m.pool->actions[i],
+		                     (size_t)d.pool->set[i]->n_units) == 0,
+		          "%s: plan %d differs", rel, i);
 	for (int32_t st = 0; st < d.graph->n_stages; st++) {
 		const kiln_stage_budget *x = &d.budgets[st], *y = &m.budgets[st];
 		cr_assert_eq(x->budget_bytes, y->budget_bytes, "%s stage %d", rel, st);
