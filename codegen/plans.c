@@ -186,7 +186,11 @@ kiln_json *kiln_plans_json(const kiln_compilation *c)
 					kiln_json_add_number(pj, "resident_bytes", t->bytes[p].resident);
 					kiln_json_add_number(pj, "offloaded_bytes", t->bytes[p].offloaded);
 					kiln_json_add_number(pj, "transient_bytes", t->bytes[p].transient);
-					kiln_json_add_number(pj, "exposed_us", pt->exposed_us);
+					/* What budget, blob and MLIR use: the scheduled
+					 * time; the solver's own estimate under its key. */
+					kiln_json_add_number(pj, "exposed_us",
+					                     kiln_plan_table_exposed_us(t, p));
+					kiln_json_add_number(pj, "estimate_us", pt->exposed_us);
 					kiln_json_add_number(pj, "recompute_us", pt->recompute_us);
 					kiln_json_add_i64(pj, "plan", t->plan[p]);
 				}

@@ -62,6 +62,14 @@ double kiln_cost_model_flops_per_token_ex(const kiln_model *m, bool causal_halve
 /* The vocabulary padded as Megatron pads it: up to a multiple of 128 * tp. */
 double kiln_cost_padded_vocab(const kiln_model *m);
 
+/* hbm.c */
+
+/* Time to move bytes through HBM at hw->hbm_gbps: bytes / (hbm_gbps * 1e3)
+ * us, 0 without a bandwidth. The one formula for memory-bound op time
+ * (time.c) and the copy engine's HBM share of an offload (2 * bytes per
+ * unit, passes/options.c and passes/interleave.c). */
+double kiln_cost_hbm_us(const kiln_hardware *hw, double bytes);
+
 /* time.c */
 
 /* Time of one op for one micro-batch at local expert load n. */
@@ -288,6 +296,17 @@ int kiln_megatron_flags_format(const kiln_megatron *r, char *buf, size_t size);
  * exhaustion or a malformed instance. O(groups * choices * S * K) time. */
 int kiln_cost_frontier_dp(const kiln_plan_instance *in, kiln_arena *a, kiln_frontier *out);
 
+/* The canonical plans at given saving levels (docs/cost-model.md,
+ * "Solvers", canonical ties): points[0] keeps everything, then for each of
+ * levels[0..n_levels) (strictly ascending quanta saved) the plan the DP of
+ * kiln_cost_frontier_dp traces from the cheapest state saving exactly that
+ * level, so that every solver's frontier, re-traced here, names the same
+ * plans. A level no dearer than the one before it replaces it (as in the
+ * DP's frontier). Returns 0, or -1 on exhaustion, a malformed instance or
+ * an unreachable level. Same cost as kiln_cost_frontier_dp. */
+int kiln_cost_frontier_levels(const kiln_plan_instance *in, const uint32_t *levels,
+                              int32_t n_levels, kiln_arena *a, kiln_frontier *out);
+
 /* The cheapest plan saving at least min_saved_q, by enumerating every
  * combination of choices (for tests; refuses instances with more than
  * 2^22 combinations). Returns 0, 1 when nothing saves enough, -1 when too
@@ -311,5 +330,15 @@ int kiln_cost_frontier_milp(const kiln_plan_instance *in, kiln_arena *a, kiln_fr
  * take minutes. */
 int kiln_cost_frontier_milp_metered(const kiln_plan_instance *in, kiln_progress *meter,
                                     kiln_arena *a, kiln_frontier *out);
+
+/* The frontier at given saving targets only (strictly ascending quanta):
+ * keep-everything, then for each target not met by the last answer the
+ * MILP's cheapest plan reaching it (the larger saving at one cost level).
+ * What a plan table reads of a frontier (passes/plan.c); each solve counts
+ * into meter's second count (NULL for none). Returns 0, or -1 when a solve
+ * fails or a target exceeds the maximal saving. */
+int kiln_cost_frontier_milp_targets(const kiln_plan_instance *in, const uint32_t *targets,
+                                    int32_t n_targets, kiln_progress *meter, kiln_arena *a,
+                                    kiln_frontier *out);
 
 #endif

@@ -206,19 +206,15 @@ static int dp_emit(const kiln_plan_instance *in, const int32_t *path, kiln_arena
 	return 0;
 }
 
-/* Ownership: in is borrowed for the call; out->points and every point's
- * choice live in a. Temporary tables are malloc'd and freed on every path.
- * Time O(groups * choices * S * (K' + 1)), memory O(groups * S * (K' + 1))
- * bytes, where S is the sum of the groups' largest savings and K' the free
- * copy capacity capped at the largest possible offload (0 when copies are
- * free: offload_us_per_q == 0 or K covers every offload). Refuses (-1)
- * groups with more than 65535 choices and tables over 2^29 entries. */
-int kiln_cost_frontier_dp(const kiln_plan_instance *in, kiln_arena *a, kiln_frontier *out)
+/* Runs the DP over every group of in into w (allocated here; the caller
+ * frees it with dp_work_free). *out_kd is the copy capacity the states
+ * track, *out_last the table of the last group (or the empty start when
+ * there are no groups: *start). Returns 0 or -1. */
+static int dp_fill(const kiln_plan_instance *in, dp_work *w, dp_group *start, uint32_t *out_kd,
+                   const dp_group **out_last)
 {
-	if (!out || kiln_cost_instance_check(in) != 0)
+	if (kiln_cost_instance_check(in) != 0)
 		return -1;
-	out->points = NULL;
-	out->n_points = 0;
 	uint64_t s_cap = 0, o_cap = 0;
 	for (int32_t g = 0; g < in->n_groups; g++) {
 		const kiln_plan_group *gr = &in->groups[g];
@@ -242,26 +238,92 @@ int kiln_cost_frontier_dp(const kiln_plan_instance *in, kiln_arena *a, kiln_fron
 		kd = 0;
 		rate = 0.0;
 	}
+	if (dp_alloc(in, (uint32_t)s_cap, kd, w) != 0)
+		return -1;
+	*start = (dp_group){.choice = NULL, .sat_u = NULL, .smax = 0, .ucols = 1};
+	w->cur[0] = 0.0;
+	w->cur_cols[0] = 1;
+	const dp_group *prev = start;
+	for (int32_t g = 0; g < in->n_groups; g++) {
+		dp_step(&in->groups[g], prev, &w->groups[g], kd, rate, w);
+		double *t = w->cur;
+		w->cur = w->nxt;
+		w->nxt = t;
+		uint32_t *tc = w->cur_cols;
+		w->cur_cols = w->nxt_cols;
+		w->nxt_cols = tc;
+		prev = &w->groups[g];
+	}
+	*out_kd = kd;
+	*out_last = prev;
+	return 0;
+}
+
+/* Points of levels[0..n) (ascending savings, each reachable) after
+ * keep-everything: at each level the plan traced from its cheapest state,
+ * ties to the lower u. A level no dearer than the one before it (rounding
+ * of re-evaluated totals) replaces it, from points[2] on. */
+static int dp_emit_levels(const kiln_plan_instance *in, dp_work *w, uint32_t kd,
+                          const dp_group *last, const uint32_t *levels, uint32_t n_levels,
+                          kiln_arena *a, kiln_frontier *out)
+{
+	const size_t width = (size_t)kd + 1;
+	kiln_plan_point *pts =
+	    kiln_arena_alloc(a, ((size_t)n_levels + 1) * sizeof(kiln_plan_point));
+	if (!pts)
+		return -1;
+	memset(w->path, 0, (size_t)(in->n_groups > 0 ? in->n_groups : 1) * sizeof(int32_t));
+	if (dp_emit(in, w->path, a, &pts[0]) != 0)
+		return -1;
+	int32_t n = 1;
+	for (uint32_t i = 0; i < n_levels; i++) {
+		uint32_t s = levels[i];
+		if (s == 0 || s > last->smax || !w->cur_cols[s])
+			return -1;
+		const double *row = w->cur + s * width;
+		uint32_t bu = 0;
+		for (uint32_t u = 1; u < w->cur_cols[s]; u++)
+			if (row[u] < row[bu])
+				bu = u;
+		if (!(row[bu] < INFINITY))
+			return -1;
+		dp_trace(in, w, kd, s, bu);
+		if (dp_emit(in, w->path, a, &pts[n]) != 0)
+			return -1;
+		/* Re-evaluated totals differ from the DP's sums only by rounding;
+		 * keep the order strict regardless (points[1] may tie points[0] at
+		 * zero cost when free copy capacity saves bytes). */
+		if (n >= 2 && pts[n].exposed_us <= pts[n - 1].exposed_us)
+			pts[n - 1] = pts[n];
+		else
+			n++;
+	}
+	out->points = pts;
+	out->n_points = n;
+	return 0;
+}
+
+/* Ownership: in is borrowed for the call; out->points and every point's
+ * choice live in a. Temporary tables are malloc'd and freed on every path.
+ * Time O(groups * choices * S * (K' + 1)), memory O(groups * S * (K' + 1))
+ * bytes, where S is the sum of the groups' largest savings and K' the free
+ * copy capacity capped at the largest possible offload (0 when copies are
+ * free: offload_us_per_q == 0 or K covers every offload). Refuses (-1)
+ * groups with more than 65535 choices and tables over 2^29 entries. */
+int kiln_cost_frontier_dp(const kiln_plan_instance *in, kiln_arena *a, kiln_frontier *out)
+{
+	if (!out)
+		return -1;
+	out->points = NULL;
+	out->n_points = 0;
 	dp_work w;
 	memset(&w, 0, sizeof(w));
+	dp_group start;
+	const dp_group *last;
+	uint32_t kd;
 	int rc = -1;
-	if (dp_alloc(in, (uint32_t)s_cap, kd, &w) != 0)
+	if (dp_fill(in, &w, &start, &kd, &last) != 0)
 		goto done;
-
-	dp_group start = {.choice = NULL, .sat_u = NULL, .smax = 0, .ucols = 1};
-	w.cur[0] = 0.0;
-	w.cur_cols[0] = 1;
-	const dp_group *prev = &start;
-	for (int32_t g = 0; g < in->n_groups; g++) {
-		dp_step(&in->groups[g], prev, &w.groups[g], kd, rate, &w);
-		double *t = w.cur;
-		w.cur = w.nxt;
-		w.nxt = t;
-		uint32_t *tc = w.cur_cols;
-		w.cur_cols = w.nxt_cols;
-		w.nxt_cols = tc;
-		prev = &w.groups[g];
-	}
 
 	/* Frontier levels from the largest saving down: a saving is kept when it
 	 * is strictly cheaper than every larger one, so at one cost level the
@@ -269,7 +331,7 @@ int kiln_cost_frontier_dp(const kiln_plan_instance *in, kiln_arena *a, kiln_fron
 	const size_t width = (size_t)kd + 1;
 	uint32_t n_pick = 0;
 	double run = INFINITY;
-	for (uint32_t s = prev->smax; s >= 1; s--) {
+	for (uint32_t s = last->smax; s >= 1; s--) {
 		if (!w.cur_cols[s])
 			continue;
 		const double *row = w.cur + s * width;
@@ -282,35 +344,38 @@ int kiln_cost_frontier_dp(const kiln_plan_instance *in, kiln_arena *a, kiln_fron
 			run = best;
 		}
 	}
-	kiln_plan_point *pts = kiln_arena_alloc(a, ((size_t)n_pick + 1) * sizeof(kiln_plan_point));
-	if (!pts)
-		goto done;
-	memset(w.path, 0, (size_t)(in->n_groups > 0 ? in->n_groups : 1) * sizeof(int32_t));
-	if (dp_emit(in, w.path, a, &pts[0]) != 0)
-		goto done;
-	int32_t n = 1;
-	for (uint32_t i = n_pick; i-- > 0;) {
-		uint32_t s = w.pick[i];
-		const double *row = w.cur + s * width;
-		uint32_t bu = 0;
-		for (uint32_t u = 1; u < w.cur_cols[s]; u++)
-			if (row[u] < row[bu])
-				bu = u;
-		dp_trace(in, &w, kd, s, bu);
-		if (dp_emit(in, w.path, a, &pts[n]) != 0)
-			goto done;
-		/* Re-evaluated totals differ from the DP's sums only by rounding;
-		 * keep the order strict regardless (points[1] may tie points[0] at
-		 * zero cost when free copy capacity saves bytes). */
-		if (n >= 2 && pts[n].exposed_us <= pts[n - 1].exposed_us)
-			pts[n - 1] = pts[n];
-		else
-			n++;
+	/* Ascending. */
+	for (uint32_t i = 0; i < n_pick / 2; i++) {
+		uint32_t t = w.pick[i];
+		w.pick[i] = w.pick[n_pick - 1 - i];
+		w.pick[n_pick - 1 - i] = t;
 	}
-	out->points = pts;
-	out->n_points = n;
-	rc = 0;
+	rc = dp_emit_levels(in, &w, kd, last, w.pick, n_pick, a, out);
 done:
+	dp_work_free(&w);
+	return rc;
+}
+
+/* Ownership: in and levels borrowed; out's points and choices live in a.
+ * Same cost as kiln_cost_frontier_dp. */
+int kiln_cost_frontier_levels(const kiln_plan_instance *in, const uint32_t *levels,
+                              int32_t n_levels, kiln_arena *a, kiln_frontier *out)
+{
+	if (!out || n_levels < 0 || (n_levels > 0 && !levels))
+		return -1;
+	out->points = NULL;
+	out->n_points = 0;
+	for (int32_t i = 1; i < n_levels; i++)
+		if (levels[i] <= levels[i - 1])
+			return -1;
+	dp_work w;
+	memset(&w, 0, sizeof(w));
+	dp_group start;
+	const dp_group *last;
+	uint32_t kd;
+	int rc = -1;
+	if (dp_fill(in, &w, &start, &kd, &last) == 0)
+		rc = dp_emit_levels(in, &w, kd, last, levels, (uint32_t)n_levels, a, out);
 	dp_work_free(&w);
 	return rc;
 }

@@ -348,3 +348,46 @@ done:
 	free(tmp);
 	return rc;
 }
+
+/* Ownership: in and targets borrowed; out's points and choices live in a.
+ * Time: one or two MILP solves per target not already met. */
+int kiln_cost_frontier_milp_targets(const kiln_plan_instance *in, const uint32_t *targets,
+                                    int32_t n_targets, kiln_progress *meter, kiln_arena *a,
+                                    kiln_frontier *out)
+{
+	if (!out || n_targets < 0 || (n_targets > 0 && !targets) ||
+	    kiln_cost_instance_check(in) != 0)
+		return -1;
+	out->points = NULL;
+	out->n_points = 0;
+	size_t ng = in->n_groups > 0 ? (size_t)in->n_groups : 1;
+	kiln_plan_point *pts =
+	    kiln_arena_alloc(a, ((size_t)n_targets + 1) * sizeof(kiln_plan_point));
+	int32_t *keep = kiln_arena_alloc(a, ng * sizeof(int32_t));
+	if (!pts || !keep)
+		return -1;
+	kiln_cost_plan_eval(in, keep, &pts[0]);
+	pts[0].choice = keep;
+	int32_t n = 1;
+	for (int32_t i = 0; i < n_targets; i++) {
+		if (i > 0 && targets[i] <= targets[i - 1])
+			return -1;
+		/* Met by the last answer: costs rise with the target, so the
+		 * answer stands. */
+		if (targets[i] <= pts[n - 1].saved_q)
+			continue;
+		kiln_plan_point p;
+		int r = kiln_cost_solve_milp(in, targets[i], a, &p);
+		kiln_progress_add_aux(meter, 1);
+		if (r != 0 || p.saved_q < targets[i])
+			return -1; /* a target beyond the maximum, or GLPK broke its constraint */
+		if (n >= 2 &&
+		    p.exposed_us <= pts[n - 1].exposed_us + tie_tol(pts[n - 1].exposed_us))
+			pts[n - 1] = p;
+		else
+			pts[n++] = p;
+	}
+	out->points = pts;
+	out->n_points = n;
+	return 0;
+}

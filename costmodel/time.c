@@ -16,7 +16,6 @@ double kiln_cost_op_time_us(const kiln_ir_graph *g, const kiln_ir_op *op, double
 {
 	const kiln_hardware *hw = &g->model->hw;
 	double gemm_rate = hw->peak_tflops * 1e6 * hw->gemm_efficiency; /* FLOPs per us */
-	double hbm_rate = hw->hbm_gbps * 1e3;                           /* bytes per us */
 	double flops = kiln_linf_at(op->flops, n);
 	double traffic = kiln_linf_at(op->traffic, n);
 	double bytes = kiln_linf_at(op->comm_bytes, n);
@@ -24,9 +23,9 @@ double kiln_cost_op_time_us(const kiln_ir_graph *g, const kiln_ir_op *op, double
 	case KILN_OPCLASS_GEMM:
 		return flops / gemm_rate;
 	case KILN_OPCLASS_MEM:
-		return traffic / hbm_rate;
+		return kiln_cost_hbm_us(hw, traffic);
 	case KILN_OPCLASS_ATTN: {
-		double c = flops / gemm_rate, mem = traffic / hbm_rate;
+		double c = flops / gemm_rate, mem = kiln_cost_hbm_us(hw, traffic);
 		return c > mem ? c : mem;
 	}
 	case KILN_OPCLASS_COMM_TP:

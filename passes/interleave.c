@@ -1234,12 +1234,10 @@ static double hbm_copy_us(const kiln_compilation *c, const kiln_unit_set *set,
                           const uint8_t *actions, double n)
 {
 	double us = 0, nl = set->kind == KILN_LAYER_MOE ? n : 0;
-	double hbm = c->model->hw.hbm_gbps * 1e9;
-	if (!(hbm > 0))
-		return 0;
 	for (int32_t u = 0; u < set->n_units; u++)
 		if (actions[u] == KILN_ACT_OFFLOAD)
-			us += 2.0 * kiln_lin_at(set->units[u].bytes, nl) / hbm * 1e6;
+			us += kiln_cost_hbm_us(&c->model->hw,
+			                       2.0 * kiln_lin_at(set->units[u].bytes, nl));
 	return us;
 }
 

@@ -340,7 +340,7 @@ int kiln_pass_options(const kiln_ir_graph *g, const kiln_unit_set *set, double n
 		 * from HBM on the way out and writes it on the way back: bandwidth
 		 * the kernels running beside it lose. This keeps offloading from
 		 * being free, so the frontier prefers keeping what fits. */
-		uo[u].copy_hbm_us = 2.0 * b / (hw->hbm_gbps * 1e9) * 1e6;
+		uo[u].copy_hbm_us = kiln_cost_hbm_us(hw, 2.0 * b);
 		uo[u].allowed = 1u << KILN_ACT_KEEP;
 		bool rec = !(un->flags & KILN_UNIT_LAYER_INPUT) &&
 		           (!(un->flags & KILN_UNIT_COLLECTIVE) || flags->collective_recompute);

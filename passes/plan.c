@@ -6,6 +6,7 @@
  * layer at every load) share one frontier, solved once.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "costmodel/costmodel.h"
@@ -258,8 +259,31 @@ static uint8_t *scratch_actions(const kiln_plan_table *t, kiln_arena **out)
 	return actions;
 }
 
-static int measure_window(const kiln_compilation *c, const kiln_plan_table *t, uint32_t *lo,
-                          uint32_t *hi)
+/* A makespan per point of f, NAN until scheduled (arena-owned), so that a
+ * plan scheduled to measure a window, to score a table or to choose its
+ * points is scheduled once. NULL on exhaustion. */
+static double *makespan_memo(const kiln_frontier *f, kiln_arena *a)
+{
+	double *m = kiln_arena_alloc(a, sizeof(double) * (size_t)(f->n_points ? f->n_points : 1));
+	for (int32_t p = 0; m && p < f->n_points; p++)
+		m[p] = NAN;
+	return m;
+}
+
+/* Makespan of point p of f at t (memo[p] when known). -1 on exhaustion. */
+static double memo_makespan(const kiln_compilation *c, const kiln_plan_table *t,
+                            const kiln_frontier *f, int32_t p, double *memo, uint8_t *actions,
+                            kiln_arena *sa)
+{
+	if (isnan(memo[p])) {
+		kiln_plan_actions(&t->instance, &f->points[p], actions);
+		memo[p] = kiln_interleave_makespan(c, t, actions, sa);
+	}
+	return memo[p];
+}
+
+static int measure_window(const kiln_compilation *c, const kiln_plan_table *t, double *memo,
+                          uint32_t *lo, uint32_t *hi)
 {
 	const kiln_plan_instance *in = &t->instance;
 	*lo = *hi = in->free_offload_q;
@@ -276,8 +300,7 @@ static int measure_window(const kiln_compilation *c, const kiln_plan_table *t, u
 		const kiln_plan_point *pt = &t->frontier->points[t->point[p]];
 		if ((double)pt->offload_q <= whole_q)
 			continue; /* it can raise neither: h <= B <= whole_q <= part_q */
-		kiln_plan_actions(in, pt, actions);
-		double mk = kiln_interleave_makespan(c, t, actions, sa);
+		double mk = memo_makespan(c, t, t->frontier, t->point[p], memo, actions, sa);
 		if (mk < 0) {
 			rc = -1;
 			break;
@@ -305,7 +328,7 @@ static int measure_window(const kiln_compilation *c, const kiln_plan_table *t, u
  * the cheapest point saving at least as much. Windows are compared by it
  * (lower is better). Returns -1 on exhaustion. */
 static double table_score(const kiln_compilation *c, const kiln_plan_table *t,
-                          const kiln_frontier *f)
+                          const kiln_frontier *f, double *memo)
 {
 	kiln_arena *sa;
 	uint8_t *actions = scratch_actions(t, &sa);
@@ -320,8 +343,7 @@ static double table_score(const kiln_compilation *c, const kiln_plan_table *t,
 		while (p < f->n_points - 1 && f->points[p].saved_q < want)
 			p++;
 		if (p != last) {
-			kiln_plan_actions(&t->instance, &f->points[p], actions);
-			mk = kiln_interleave_makespan(c, t, actions, sa);
+			mk = memo_makespan(c, t, f, p, memo, actions, sa);
 			last = p;
 			if (mk < 0)
 				break;
@@ -332,16 +354,190 @@ static double table_score(const kiln_compilation *c, const kiln_plan_table *t,
 	return mk < 0 ? -1 : sum;
 }
 
+/* The MILP's frontier as a plan table reads it (docs/cost-model.md,
+ * "Solvers"). The DP's frontier, as a warm start, says which targets the
+ * table reads: every point when it keeps them all (at most
+ * KILN_PLAN_TABLE_STEPS + 1), else the table's step targets; the MILP
+ * solves each. Its levels are then re-traced by the canonical rule
+ * (kiln_cost_frontier_levels), so both solvers name the same plans; where
+ * the two exact solvers disagree on a level's cost the MILP's own plans
+ * stand (and the final tables differ: tests/test_plan.c compares them). */
+static int solve_milp(const kiln_compilation *c, const kiln_plan_instance *in, kiln_arena *a,
+                      kiln_frontier *out)
+{
+	kiln_frontier fd, fm, fc;
+	if (kiln_cost_frontier_dp(in, a, &fd) != 0)
+		return -1;
+	int rc;
+	if (fd.n_points <= KILN_PLAN_TABLE_STEPS + 1) {
+		rc = kiln_cost_frontier_milp_metered(in, c->meter, a, &fm);
+	} else {
+		uint32_t targets[KILN_PLAN_TABLE_STEPS];
+		int32_t nt = 0;
+		uint64_t max_q = fd.points[fd.n_points - 1].saved_q;
+		for (int k = 1; k <= KILN_PLAN_TABLE_STEPS; k++) {
+			uint64_t want = (max_q * (uint64_t)k + KILN_PLAN_TABLE_STEPS - 1) /
+			                KILN_PLAN_TABLE_STEPS;
+			if (nt == 0 || want > targets[nt - 1])
+				targets[nt++] = (uint32_t)want;
+		}
+		rc = kiln_cost_frontier_milp_targets(in, targets, nt, c->meter, a, &fm);
+	}
+	if (rc != 0 || fm.n_points < 1)
+		return -1;
+	uint32_t *levels = kiln_arena_alloc(a, sizeof(uint32_t) * (size_t)fm.n_points);
+	if (!levels)
+		return -1;
+	for (int32_t p = 1; p < fm.n_points; p++)
+		levels[p - 1] = fm.points[p].saved_q;
+	bool same = kiln_cost_frontier_levels(in, levels, fm.n_points - 1, a, &fc) == 0 &&
+	            fc.n_points == fm.n_points;
+	for (int32_t p = 1; same && p < fm.n_points; p++) {
+		double x = fc.points[p].exposed_us, y = fm.points[p].exposed_us;
+		same = fc.points[p].saved_q == fm.points[p].saved_q &&
+		       fabs(x - y) <= 1e-9 * fmax(1.0, fmax(fabs(x), fabs(y)));
+	}
+	*out = same ? fc : fm;
+	return 0;
+}
+
 static int solve(const kiln_compilation *c, const kiln_plan_instance *in, kiln_arena *a,
                  const kiln_frontier **out)
 {
 	kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
 	if (!f)
 		return -1;
-	int rc = c->solver == KILN_SOLVER_MILP ? kiln_cost_frontier_milp_metered(in, c->meter, a, f)
+	int rc = c->solver == KILN_SOLVER_MILP ? solve_milp(c, in, a, f)
 	                                       : kiln_cost_frontier_dp(in, a, f);
 	*out = f;
 	return rc;
+}
+
+/* The HBM time of a plan's offloads, which the feedback adds to its
+ * scheduled delay (passes/interleave.c). */
+static double plan_hbm_us(const kiln_compilation *c, const kiln_plan_table *t,
+                          const uint8_t *actions)
+{
+	double mk = 0, nl = t->set->kind == KILN_LAYER_MOE ? t->n : 0;
+	for (int32_t u = 0; u < t->set->n_units; u++)
+		if (actions[u] == KILN_ACT_OFFLOAD)
+			mk += kiln_cost_hbm_us(&c->model->hw,
+			                       2.0 * kiln_lin_at(t->set->units[u].bytes, nl));
+	return mk;
+}
+
+typedef struct pick {
+	const kiln_plan_point *pt;
+	double us; /* makespan + plan_hbm_us */
+} pick;
+
+static int pick_cmp(const void *x, const void *y)
+{
+	const pick *a = x, *b = y;
+	return a->pt->saved_q < b->pt->saved_q ? -1 : a->pt->saved_q > b->pt->saved_q;
+}
+
+/* The table's points chosen by the schedule (docs/cost-model.md, "Points
+ * chosen by the schedule"): fs[0..nf) are canonical frontiers of the same
+ * groups solved with different copy windows, fs[0] the one whose window t
+ * keeps. For each saving the table reads from fs[0] (its table points),
+ * every frontier offers the first of its own table points (the points a
+ * table filled from it would hold) saving at least as much; among
+ * those saving no fewer exact bytes and holding no more transient or
+ * offloaded bytes than fs[0]'s, the one whose template schedules shortest
+ * wins (fs[0] on a tie, then the lower index). The winners, in ascending saving (one per
+ * saving: the shorter scheduled), their totals re-evaluated under
+ * t->instance, become t->frontier. Returns 0 or -1. */
+static int choose_by_schedule(const kiln_compilation *c, kiln_plan_table *t,
+                              const kiln_frontier *const *fs, double *const *memo, int32_t nf,
+                              kiln_arena *a)
+{
+	t->frontier = fs[0];
+	if (kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, NULL, a) != 0)
+		return -1;
+	kiln_arena *sa;
+	uint8_t *actions = scratch_actions(t, &sa);
+	pick *picks = kiln_arena_alloc(a, sizeof(pick) * (size_t)t->n_points);
+	if (!actions || !picks) {
+		kiln_arena_free(sa);
+		return -1;
+	}
+	/* Each frontier offers the points its own table would read: what both
+	 * solvers' frontiers hold alike (--solver milp solves only those). */
+	kiln_plan_table *own = kiln_arena_alloc(a, sizeof(kiln_plan_table) * (size_t)nf);
+	if (!own) {
+		kiln_arena_free(sa);
+		return -1;
+	}
+	int rc = 0;
+	for (int32_t i = 0; i < nf && rc == 0; i++) {
+		own[i] = *t;
+		own[i].frontier = fs[i];
+		rc = kiln_plan_table_fill(&own[i], KILN_PLAN_TABLE_STEPS, NULL, a);
+	}
+	int32_t n = 0;
+	for (int32_t k = 1; k < t->n_points && rc == 0; k++) {
+		uint32_t want = fs[0]->points[t->point[k]].saved_q;
+		pick best = {NULL, INFINITY};
+		kiln_plan_bytes ref;
+		for (int32_t i = 0; i < nf; i++) {
+			const kiln_frontier *f = fs[i];
+			int32_t j = 0;
+			while (j < own[i].n_points - 1 && f->points[own[i].point[j]].saved_q < want)
+				j++;
+			int32_t p = own[i].point[j];
+			if (f->points[p].saved_q < want)
+				continue;
+			/* Only a point the budget cannot like less replaces fs[0]'s:
+			 * no less saved, no more transient or offloaded bytes. */
+			kiln_plan_bytes by;
+			kiln_plan_actions(&t->instance, &f->points[p], actions);
+			kiln_plan_bytes_at(t->set, actions, t->n, &by);
+			if (i == 0)
+				ref = by;
+			else if (by.saved < ref.saved || by.transient > ref.transient ||
+			         by.offloaded > ref.offloaded)
+				continue;
+			double us = plan_hbm_us(c, t, actions);
+			double mk = memo_makespan(c, t, f, p, memo[i], actions, sa);
+			if (mk < 0) {
+				rc = -1;
+				break;
+			}
+			if (mk + us < best.us)
+				best = (pick){&f->points[p], mk + us};
+		}
+		if (rc == 0 && best.pt)
+			picks[n++] = best;
+	}
+	kiln_arena_free(sa);
+	if (rc != 0)
+		return -1;
+	qsort(picks, (size_t)n, sizeof(pick), pick_cmp);
+	kiln_frontier *out = kiln_arena_alloc(a, sizeof *out);
+	kiln_plan_point *pts = kiln_arena_alloc(a, sizeof(kiln_plan_point) * (size_t)(n + 1));
+	if (!out || !pts)
+		return -1;
+	pts[0] = fs[0]->points[0];
+	int32_t m = 1;
+	double last_us = 0;
+	for (int32_t k = 0; k < n; k++) {
+		if (picks[k].pt->saved_q == pts[m - 1].saved_q) {
+			if (m > 1 && picks[k].us < last_us) { /* one per saving: the shorter */
+				kiln_cost_plan_eval(&t->instance, picks[k].pt->choice, &pts[m - 1]);
+				pts[m - 1].choice = picks[k].pt->choice;
+				last_us = picks[k].us;
+			}
+			continue;
+		}
+		kiln_cost_plan_eval(&t->instance, picks[k].pt->choice, &pts[m]);
+		pts[m++].choice = picks[k].pt->choice;
+		last_us = picks[k].us;
+	}
+	out->points = pts;
+	out->n_points = m;
+	t->frontier = out;
+	return 0;
 }
 
 /* Solves t's frontier: with the first estimate of the copy window, then,
@@ -351,35 +547,52 @@ static int solve(const kiln_compilation *c, const kiln_plan_instance *in, kiln_a
 static int solve_measured(const kiln_compilation *c, kiln_plan_table *t, kiln_arena *a)
 {
 	uint32_t est_q = t->instance.free_offload_q, lo, hi;
+	double *est_memo;
 	if (solve(c, &t->instance, a, &t->frontier) != 0 ||
 	    kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, NULL, a) != 0 ||
-	    measure_window(c, t, &lo, &hi) != 0)
+	    !(est_memo = makespan_memo(t->frontier, a)) ||
+	    measure_window(c, t, est_memo, &lo, &hi) != 0)
 		return -1;
 	if (lo >= est_q)
 		return 0;
-	const kiln_frontier *est_f = t->frontier, *best_f = NULL;
+	/* Every frontier solved is a source of table points (fs, with their
+	 * makespans in ms); the kept window's comes first. */
+	const kiln_frontier *est_f = t->frontier, *fs[3] = {est_f, NULL, NULL};
+	double *ms[3] = {est_memo, NULL, NULL};
+	int32_t nf = 1, best_i = -1;
 	uint32_t best_q = 0;
 	double best = INFINITY;
 	const uint32_t cand[2] = {lo, hi};
 	for (int i = 0; i < 2; i++) {
 		if (i == 1 && hi == lo)
 			break;
-		const kiln_frontier *f = est_f;
+		int32_t fi = 0; /* a window at the first estimate keeps its frontier */
 		t->instance.free_offload_q = cand[i];
-		if (cand[i] < est_q && solve(c, &t->instance, a, &f) != 0)
-			return -1;
-		double sc = table_score(c, t, f);
+		if (cand[i] < est_q) {
+			fi = nf++;
+			if (solve(c, &t->instance, a, &fs[fi]) != 0 ||
+			    !(ms[fi] = makespan_memo(fs[fi], a)))
+				return -1;
+		}
+		double sc = table_score(c, t, fs[fi], ms[fi]);
 		if (sc < 0)
 			return -1;
 		if (sc < best) {
 			best = sc;
-			best_f = f;
+			best_i = fi;
 			best_q = cand[i];
 		}
 	}
 	t->instance.free_offload_q = best_q;
-	t->frontier = best_f;
-	return 0;
+	const kiln_frontier *order[3] = {fs[best_i], NULL, NULL};
+	double *order_ms[3] = {ms[best_i], NULL, NULL};
+	int32_t no = 1;
+	for (int32_t i = 0; i < nf; i++)
+		if (i != best_i) {
+			order[no] = fs[i];
+			order_ms[no++] = ms[i];
+		}
+	return choose_by_schedule(c, t, order, order_ms, no, a);
 }
 
 int kiln_pass_plan(kiln_compilation *c)

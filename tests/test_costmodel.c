@@ -513,3 +513,16 @@ Test(costmodel_summary, fields_consistent)
 	cr_expect_float_eq(s.inflight, 1.0, 1e-12);
 	kiln_arena_free(a);
 }
+
+/* The one HBM formula: 3,000 GB/s moves 3e9 bytes per ms, so 6e6 bytes
+ * take 2 us; no bandwidth (or no bytes) costs nothing. A memory-bound op
+ * and an offload's copy-engine traffic of the same bytes are priced by it
+ * alike, so the planner's instance holds bit-identical costs for them. */
+Test(costmodel_time, hbm_formula_by_hand)
+{
+	kiln_hardware hw = {.hbm_gbps = 3000};
+	cr_expect_float_eq(kiln_cost_hbm_us(&hw, 6e6), 2.0, 1e-12);
+	cr_expect_eq(kiln_cost_hbm_us(&hw, 0), 0.0);
+	hw.hbm_gbps = 0;
+	cr_expect_eq(kiln_cost_hbm_us(&hw, 6e6), 0.0);
+}

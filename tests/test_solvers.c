@@ -511,6 +511,73 @@ Test(solvers, milp_frontier_equals_dp_frontier, .init = kt_slow)
 	}
 }
 
+/* What --solver milp does per frontier (passes/plan.c): the MILP at a
+ * table's step targets only, its levels re-traced by the canonical rule.
+ * Each answer is the oracle's (brute force over every plan) least cost
+ * reaching the target, and the re-traced plans are the DP frontier's own,
+ * choice for choice: both solvers name the same plan at a level. */
+Test(solvers, milp_at_targets_retraced_names_the_dp_plans)
+{
+	uint64_t rng = 0x7461726765u;
+	tinst t;
+	int checked = 0;
+	for (int id = 0; id < 40; id++) {
+		t_random(&t, &rng);
+		if (t.combos > T_ENUM_LIMIT || t.s_cap == 0)
+			continue;
+		kiln_arena *a = kiln_arena_new();
+		double *best = t_oracle(&t);
+		kiln_frontier fd, fm, fc;
+		cr_assert_eq(kiln_cost_frontier_dp(&t.in, a, &fd), 0);
+		uint32_t targets[8];
+		int32_t nt = 0;
+		for (uint32_t k = 1; k <= 8; k++) {
+			uint32_t want = (t.s_cap * k + 7) / 8;
+			if (nt == 0 || want > targets[nt - 1])
+				targets[nt++] = want;
+		}
+		cr_assert_eq(kiln_cost_frontier_milp_targets(&t.in, targets, nt, NULL, a, &fm), 0,
+		             "%d", id);
+		for (int32_t k = 0; k < nt; k++) {
+			int32_t p = 0;
+			while (fm.points[p].saved_q < targets[k])
+				p++;
+			cr_assert(close_us(fm.points[p].exposed_us, best[targets[k]]),
+			          "%d target %u: milp %g, oracle %g", id, targets[k],
+			          fm.points[p].exposed_us, best[targets[k]]);
+		}
+		uint32_t levels[8];
+		for (int32_t p = 1; p < fm.n_points; p++)
+			levels[p - 1] = fm.points[p].saved_q;
+		cr_assert_eq(kiln_cost_frontier_levels(&t.in, levels, fm.n_points - 1, a, &fc), 0);
+		cr_assert_eq(fc.n_points, fm.n_points, "%d", id);
+		for (int32_t p = 1; p < fc.n_points; p++) {
+			int32_t q = 0;
+			while (q < fd.n_points && fd.points[q].saved_q != levels[p - 1])
+				q++;
+			cr_assert_lt(q, fd.n_points, "%d: level %u not on the dp frontier", id,
+			             levels[p - 1]);
+			cr_assert_eq(memcmp(fc.points[p].choice, fd.points[q].choice,
+			                    sizeof(int32_t) * (size_t)t.in.n_groups),
+			             0, "%d level %u: another plan than the dp's", id,
+			             levels[p - 1]);
+			uint32_t s, o;
+			double e;
+			t_eval(&t.in, fc.points[p].choice, &s, &o, &e);
+			cr_assert(s == levels[p - 1] && close_us(e, best[s]), "%d level %u", id, s);
+		}
+		/* An unreachable level and an unordered list are refused. */
+		uint32_t bad[2] = {t.s_cap + 1, 1};
+		cr_assert_eq(kiln_cost_frontier_levels(&t.in, bad, 1, a, &fc), -1);
+		bad[0] = t.s_cap;
+		cr_assert_eq(kiln_cost_frontier_levels(&t.in, bad, 2, a, &fc), -1);
+		free(best);
+		kiln_arena_free(a);
+		checked++;
+	}
+	cr_assert_gt(checked, 10);
+}
+
 /* ---------------------------------------------------------------- edges */
 
 Test(solvers, empty_instance_is_keep_all)
