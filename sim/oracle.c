@@ -17,30 +17,29 @@
  * layer's resident bytes), T_i the largest backward transient of i's
  * layers, W the stage's in-flight window.
  *
- * 1. One micro-batch, exactly. For micro-batch i the set of (H, T, E)
- *    reachable by some combination of one table point per layer (E the
- *    summed exposed time) is reduced to its Pareto set by a dynamic
- *    program over the layers: the states after layer l are the Pareto-
- *    optimal (H, T, E) of layers 0..l, and each next state is a state plus
- *    one point of layer l + 1 (H and E add, T takes the larger). Exactness:
- *    if state a dominates state b (H, T and E no larger), then for every
- *    completion c, a + c dominates b + c (addition and max are monotone),
- *    so some Pareto-optimal completion of the micro-batch never needs b.
- *    Every constraint the simulator checks is monotone in H and T and the
- *    objective is E, so the best plan under any caps on H and on H + T is
- *    a Pareto point: min over the Pareto set equals min over every
- *    combination (tested against brute force, tests/test_oracle.c).
- *
+ * 1. One micro-batch: its supported points. Every combination of one
+ *    table point per layer has (H, T, E), E the summed exposed time. The
+ *    full Pareto set is exact but large (tens of thousands of states for
+ *    four layers of 65 points on tiny: a 3-D DP over the layers,
+ *    micro_pareto, kept for kiln_sim_oracle_micro and its brute-force
+ *    test). The oracle chooses among the supported points instead: per
+ *    layer the lower convex hull of (resident, time), and the hull edges
+ *    of every layer taken in order of falling time saved per byte. Each
+ *    point minimises E + lambda * H over every combination for some
+ *    lambda >= 0, hence (Lagrangian sufficiency) no combination holding at
+ *    most its H takes less time: exact at those H, tested against brute
+ *    force. Between two of them a non-convex combination may be missed.
+ *    O(L * P) per micro-batch (L layers, P table points).
  * 2. The micro-batches together. The window couples each micro-batch to
  *    the W - 1 before it; an exact optimum over all of them is a dynamic
  *    program whose state is the last W - 1 choices, exponential in W
  *    (16 on the first stage of deepseek-v3-671b). The oracle instead
  *    takes (a) the best common cap h: every micro-batch takes its least-
- *    time Pareto point with H <= h (the smallest H among equals), and h is
+ *    time supported point with H <= h (the smallest H among equals), and h is
  *    the largest cap under which every check holds, which is the best such
  *    h because every micro-batch's time is non-increasing in h (found by
  *    bisection on the checks without transients, which are monotone in h,
- *    then by stepping down through the Pareto levels until the checks
+ *    then by stepping down through the points' H until the checks
  *    with transients hold); then (b) coordinate descent: each micro-batch
  *    in turn takes its least-time point within the room every check it
  *    enters leaves it, given everyone else's choice, until a pass changes
@@ -51,10 +50,9 @@
  *    failure. Exact within one micro-batch; across micro-batches the best
  *    common cap improved to a local optimum, not the exponential DP.
  *
- * Costs: per (rank, stage) O(m * L * P * Q) for the Pareto sets (P table
- * points per layer, Q the Pareto states of a prefix) and O(m * (W + P'))
- * per pass (P' the micro-batch's Pareto points); docs/simulator.md gives
- * the measured CPU per iteration.
+ * Costs: per (rank, stage) O(m * L * P * L) for the supported points and
+ * O(m * (W^2 + L * P)) per pass; docs/simulator.md gives the measured CPU
+ * per iteration.
  */
 #include <math.h>
 #include <stdlib.h>
