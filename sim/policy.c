@@ -161,6 +161,7 @@ struct kiln_sim_policy {
 	kiln_sim_policy *rerun;
 	const char *recipe; /* the recompute flags it runs beside the stash */
 	int recipe_fits;    /* whether they fit at the design load */
+	kiln_sim_oracle *oracle; /* oracle: its planner (sim/oracle.c) */
 };
 
 /* The form of actions for set in f; returns f (NULL when f is). */
@@ -188,6 +189,16 @@ static plan_form *form_build(const kiln_sim_policy *p, int32_t set, const uint8_
 	                 .tr_base = (double)tr_base,
 	                 .tr_per_n = (double)tr_per_n};
 	return f;
+}
+
+void kiln_sim_plan_bytes(const kiln_sim_policy *p, int32_t set, const uint8_t *actions,
+                         double *out_res_base, double *out_res_per_n, double *out_tr_base,
+                         double *out_tr_per_n)
+{
+	plan_form f;
+	form_build(p, set, actions, &f);
+	*out_res_base = f.res_base, *out_res_per_n = f.res_per_n;
+	*out_tr_base = f.tr_base, *out_tr_per_n = f.tr_per_n;
 }
 
 /* As the runtime's 64-bit fields take a double: NaN and negatives 0, at or
@@ -243,6 +254,19 @@ static int cost_of(const kiln_compilation *c, int32_t set, int32_t bucket, const
 	out->recompute_us = recompute_us(c, &c->sets[set], actions, t->n);
 	kiln_arena_free(scratch);
 	return rc;
+}
+
+int kiln_sim_plan_cost(const kiln_compilation *c, int32_t set, int32_t bucket,
+                       const uint8_t *actions, double *out_exposed_us, double *out_serial_us,
+                       double *out_recompute_us)
+{
+	cost co;
+	if (cost_of(c, set, bucket, actions, &co) != 0)
+		return -1;
+	*out_exposed_us = co.exposed_us;
+	*out_serial_us = co.serial_us;
+	*out_recompute_us = co.recompute_us;
+	return 0;
 }
 
 /* kiln's static plan for one unit set (the ablation policies
@@ -1110,6 +1134,10 @@ int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const kiln_compilation *c,
 			return -1;
 		for (size_t i = 0; i < n_tables; i++)
 			p->last_point[i][0] = p->last_point[i][1] = -1;
+	} else if (k == KILN_SIM_ORACLE) {
+		/* Decides a stage at a time through sim/oracle.c (sim.c). */
+		if (kiln_sim_oracle_new(p, c, a, err, &p->oracle) != 0)
+			return -1;
 	} else if (prepare_static(p, a) != 0) {
 		return -1;
 	} else if (k == KILN_SIM_MEGATRON_PAGED_STASH && stash_prepare(p, flags, a, err) != 0) {
@@ -1191,6 +1219,11 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 {
 	const kiln_compilation *c = p->c;
 	const kiln_unit_set *S = &c->sets[set];
+	if (p->oracle) {
+		/* The oracle decides whole stages (kiln_sim_oracle_plan). */
+		*out = (kiln_sim_choice){.over_budget = 1};
+		return;
+	}
 	if (!p->rt) {
 		if (p->in_block && layer >= 0 && layer < p->n_model_layers && p->in_block[layer]) {
 			/* megatron's block layers: full recompute. */
@@ -1387,8 +1420,15 @@ int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, do
 	return b >= c->n_buckets ? c->n_buckets - 1 : b;
 }
 
+kiln_sim_oracle *kiln_sim_policy_oracle(const kiln_sim_policy *p)
+{
+	return p ? p->oracle : NULL;
+}
+
 void kiln_sim_policy_free(kiln_sim_policy *p)
 {
+	if (p)
+		kiln_sim_oracle_free(p->oracle);
 	if (!p || !p->frontier_costs)
 		return;
 	for (int32_t i = 0; i <= p->c->pool->n_frontiers; i++)

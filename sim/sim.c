@@ -358,6 +358,52 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 		double stat = si->static_bytes + (stash ? st.cuda_bytes : 0), spilled = 0;
 		if (sc->acct)
 			kiln_rt_acct_reset(sc->acct, s, 0);
+		/* The oracle plans the rank's whole stage at once, knowing every
+		 * load (sim/oracle.c); the loop below then replays its choices. */
+		kiln_sim_choice *planned = NULL;
+		kiln_sim_oracle *orc = rank >= 0 ? kiln_sim_policy_oracle(pol) : NULL;
+		if (orc) {
+			size_t n_at = (size_t)w->m * (size_t)si->n_layers;
+			int32_t *sets = malloc(sizeof(int32_t) * ((size_t)si->n_layers + 1));
+			double *rows = malloc(sizeof(double) * (n_at + 1));
+			planned = malloc(sizeof(kiln_sim_choice) * (n_at + 1));
+			int64_t over = 0;
+			for (int32_t l = 0; sets && rows && l < si->n_layers; l++) {
+				const layer_info *li = &si->layers[l];
+				sets[l] = li->set;
+				for (int32_t i = 0; i < w->m; i++) {
+					double r = 1;
+					if (li->moe_index >= 0)
+						r = env->loads[((size_t)i * w->n_moe +
+						                li->moe_index) *
+						                   w->ep +
+						               rank];
+					rows[(size_t)i * si->n_layers + l] = r * li->n_bal;
+				}
+			}
+			kiln_sim_oracle_stage ost = {.m = w->m,
+			                             .n_layers = si->n_layers,
+			                             .window = si->window,
+			                             .sets = sets,
+			                             .rows = rows,
+			                             .capacity = si->capacity,
+			                             .static_bytes = stat,
+			                             .fixed_bytes = si->fixed_bytes};
+			if (!sets || !rows || !planned ||
+			    kiln_sim_oracle_plan(orc, &ost, planned, &over) != 0) {
+				/* Exhaustion: counted as a failure, never as a fit. */
+				free(planned);
+				planned = calloc(n_at + 1, sizeof(kiln_sim_choice));
+				sc->oom = 1;
+				if (!planned) {
+					free(sets);
+					free(rows);
+					continue;
+				}
+			}
+			free(sets);
+			free(rows);
+		}
 		for (int32_t i = 0; i < w->m; i++) {
 			/* The micro-batch leaving the window has run its backward. */
 			if (sc->acct && i - si->window >= 0 &&
@@ -407,7 +453,9 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 				if (li->set >= 0) {
 					kiln_sim_choice ch;
 					double free_b = si->capacity - stat - others - cur;
-					if (fired >= 0)
+					if (planned)
+						ch = planned[(size_t)i * si->n_layers + l];
+					else if (fired >= 0)
 						kiln_sim_policy_decide_triggered(
 						    pol, li->set, li->model_layer, n, fired, &ch);
 					else
@@ -515,6 +563,7 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 			if (!unbounded && device > si->capacity)
 				sc->oom = 1;
 		}
+		free(planned);
 		sc->stash_overflow |= overflowed;
 		sc->spilled = spilled > sc->spilled ? spilled : sc->spilled;
 		kiln_progress_add(sc->meter, (int64_t)si->n_layers * w->m);
@@ -1345,7 +1394,8 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	for (int32_t k = 0; k < n; k++)
 		r.any_static |= !cfg->exact && policies[k] != KILN_SIM_KILN &&
 		                policies[k] != KILN_SIM_KILN_NO_OFFLOAD &&
-		                policies[k] != KILN_SIM_KILN_NO_OVERLAP;
+		                policies[k] != KILN_SIM_KILN_NO_OVERLAP &&
+		                policies[k] != KILN_SIM_ORACLE;
 	/* The adaptive policies take several times a static one's time: taken
 	 * first, they leave the short ones to balance the threads. */
 	int32_t n_order = 0;
@@ -1353,7 +1403,7 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 		for (int32_t k = 0; k < n; k++) {
 			kiln_sim_policy_kind p = policies[k];
 			int adaptive = p == KILN_SIM_KILN || p == KILN_SIM_KILN_NO_OFFLOAD ||
-			               p == KILN_SIM_KILN_NO_OVERLAP;
+			               p == KILN_SIM_KILN_NO_OVERLAP || p == KILN_SIM_ORACLE;
 			if (adaptive == (pass == 0))
 				r.order[n_order++] = k;
 		}

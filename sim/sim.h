@@ -5,6 +5,7 @@
  *               factor of every EP rank, deterministic by seed
  *   pipeline.c  1F1B and interleaved pipeline timing and memory over time
  *   policy.c    the policies: static plans, thresholds, kiln through the runtime
+ *   oracle.c    the clairvoyant oracle: a stage's plans chosen knowing every load
  *   sim.c       the iteration loop
  *
  * The simulator depends on costmodel/ and ir/, and on the runtime only
@@ -279,7 +280,11 @@ double kiln_pipe_peak_bytes(const kiln_pipe_work *w, const kiln_pipe_result *r, 
 	X(KILN_NO_OVERLAP, "kiln:no-overlap",                                                      \
 	  "kiln without dual-batch overlap (serial extra work)")                                   \
 	X(KILN_STATIC_SERIAL, "kiln:no-adaptive+no-overlap",                                       \
-	  "kiln's per-unit plan for load 1.2, static and serial: the first ablation step")
+	  "kiln's per-unit plan for load 1.2, static and serial: the first ablation step")         \
+	X(ORACLE, "oracle",                                                                        \
+	  "clairvoyant: every load of the iteration known in advance, each micro-batch's plans "   \
+	  "from kiln's plan tables by an exact DP over its layers, the micro-batches of a "        \
+	  "stage by the best common cap and coordinate descent")
 
 typedef enum {
 #define X(id, name, models) KILN_SIM_##id,
@@ -507,6 +512,75 @@ void kiln_sim_capacity_drop(const double *rows, int32_t n_experts, double capaci
  * such bound: its time depends on free memory). */
 int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const uint64_t *buckets,
                                   int cold, int hot, double *out);
+
+/* For sim/oracle.c, as the policies price and size kiln's plans: plan
+ * `actions` of unit set `set` scheduled at load bucket `bucket`
+ * (kiln_interleave_exposed, plus the recompute time; docs/simulator.md,
+ * "What a static plan costs"), returns 0 or -1 when it cannot be
+ * scheduled; and its bytes as two lines in n rows (resident, transient:
+ * base + per_n * n, whole bytes per unit). */
+int kiln_sim_plan_cost(const struct kiln_compilation *c, int32_t set, int32_t bucket,
+                       const uint8_t *actions, double *out_exposed_us, double *out_serial_us,
+                       double *out_recompute_us);
+void kiln_sim_plan_bytes(const kiln_sim_policy *p, int32_t set, const uint8_t *actions,
+                         double *out_res_base, double *out_res_per_n, double *out_tr_base,
+                         double *out_tr_per_n);
+
+/* ---------------------------------------------------------------- oracle.c */
+
+/* The clairvoyant oracle (docs/simulator.md, "The oracle"). */
+typedef struct kiln_sim_oracle kiln_sim_oracle;
+
+/* The oracle of policy p (kind KILN_SIM_ORACLE) for compilation c
+ * (borrowed, finished); arena-owned, its caches freed by
+ * kiln_sim_oracle_free. Returns 0, or -1 (a message on err) when c has no
+ * plan tables or on exhaustion. Used by one thread at a time. */
+int kiln_sim_oracle_new(const kiln_sim_policy *p, const struct kiln_compilation *c, kiln_arena *a,
+                        FILE *err, kiln_sim_oracle **out);
+void kiln_sim_oracle_free(kiln_sim_oracle *o);
+/* The oracle of a policy, NULL for every policy but oracle (policy.c). */
+kiln_sim_oracle *kiln_sim_policy_oracle(const kiln_sim_policy *p);
+
+/* One rank's stage for one iteration, as sim/sim.c runs it: m micro-
+ * batches of n_layers layers (sets[l]: the unit set of layer l, -1 when
+ * not planned), rows[i * n_layers + l] the rows of layer l in micro-batch
+ * i (0 for a dense layer), W = window micro-batches in flight, the
+ * device's capacity and static bytes, and the fixed bytes every micro-
+ * batch holds before its layers. Borrowed. */
+typedef struct kiln_sim_oracle_stage {
+	int32_t m, n_layers, window;
+	const int32_t *sets;
+	const double *rows;
+	double capacity, static_bytes, fixed_bytes;
+} kiln_sim_oracle_stage;
+
+/* Chooses every (micro-batch, layer)'s plan of st into
+ * out[i * n_layers + l] (unplanned layers: zero), and in *out_over_budget
+ * the micro-batches for which nothing fits (their choices are then the
+ * least memory the tables allow). Returns 0, or -1 on exhaustion or a
+ * plan that cannot be scheduled. */
+int kiln_sim_oracle_plan(kiln_sim_oracle *o, const kiln_sim_oracle_stage *st, kiln_sim_choice *out,
+                         int64_t *out_over_budget);
+
+/* One micro-batch alone (the oracle's exact step, for the tests): the
+ * least summed exposed time of n_layers layers (sets, rows as above)
+ * whose held bytes (fixed_bytes rounded up plus the resident bytes) are at
+ * most max_held and whose held plus largest transient are at most
+ * max_device; the choices into out (n_layers, or NULL). INFINITY when no
+ * combination fits, NAN on failure. */
+double kiln_sim_oracle_micro(kiln_sim_oracle *o, int32_t n_layers, const int32_t *sets,
+                             const double *rows, double fixed_bytes, double max_held,
+                             double max_device, kiln_sim_choice *out);
+
+/* The supported points the oracle chooses each micro-batch's plan among
+ * (docs/simulator.md, "The oracle"), for the tests: up to max of them,
+ * held bytes (H) ascending and summed exposed time falling, into out_held
+ * and out_exposed_us; each minimises exposed_us + lambda * held over every
+ * combination of one table point per layer for some lambda >= 0. Returns
+ * their count (all, even beyond max), -1 on failure. */
+int64_t kiln_sim_oracle_path(kiln_sim_oracle *o, int32_t n_layers, const int32_t *sets,
+                             const double *rows, double fixed_bytes, double *out_held,
+                             double *out_exposed_us, int64_t max);
 
 /* ---------------------------------------------------------------- sim.c */
 

@@ -298,15 +298,15 @@ Test(progress, simulate_beyond_the_decision_bound_is_refused, .timeout = 60)
 	                                          "--policy", "all", "--iters", "100000000", NULL},
 	                    NULL);
 	cr_expect_eq(r.status, 2, "%s", r.err);
-	/* 13 policies, megatron-paged-stash counted twice (its rerun): 14;
-	 * 1e8 * 14 * 10 * 4 * 5 = 2.8e11, and 1e10 / 2800 = 3571428.6. */
+	/* 14 policies, megatron-paged-stash counted twice (its rerun): 15;
+	 * 1e8 * 15 * 10 * 4 * 5 = 3e11, and 1e10 / 3000 = 3333333.3. */
 	cr_expect_not_null(strstr(r.err,
 	                          "kilnc: error: simulate: 100000000 iterations x 1 EP groups "
-	                          "x 14 policies x 10 layers x 4 micro-batches x 5 ranks "
-	                          "followed = 2.8e+11 layer decisions"),
+	                          "x 15 policies x 10 layers x 4 micro-batches x 5 ranks "
+	                          "followed = 3e+11 layer decisions"),
 	                   "%s", r.err);
 	cr_expect_not_null(strstr(r.err, "over the limit of 1e+10"), "%s", r.err);
-	cr_expect_not_null(strstr(r.err, "kilnc: note: use --iters 3571428 or fewer"), "%s", r.err);
+	cr_expect_not_null(strstr(r.err, "kilnc: note: use --iters 3333333 or fewer"), "%s", r.err);
 	cr_expect_eq(r.out_len, 0, "%s", r.out);
 	cr_expect_lt(now_s() - t0, 20.0);
 	kt_run_free(&r);

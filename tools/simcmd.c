@@ -502,9 +502,24 @@ int kilnc_simulate(int argc, char **argv)
 	for (int32_t k = 0; k < n; k++)
 		if (res[k].policy == KILN_SIM_FULL_RECOMPUTE)
 			base = res[k].tokens_per_s;
+	/* kiln against the clairvoyant oracle and against infinite memory,
+	 * when run beside them (docs/simulator.md, "The oracle"). */
+	double t_kiln = -1, t_oracle = -1, t_unb = -1;
+	for (int32_t k = 0; k < n; k++) {
+		if (res[k].policy == KILN_SIM_KILN)
+			t_kiln = res[k].tokens_per_s;
+		else if (res[k].policy == KILN_SIM_ORACLE)
+			t_oracle = res[k].tokens_per_s;
+		else if (res[k].policy == KILN_SIM_UNBOUNDED)
+			t_unb = res[k].tokens_per_s;
+	}
 	if (json) {
 		kiln_json *doc = kiln_json_object();
 		kiln_json_add_string(doc, "model", m->name);
+		if (t_kiln >= 0 && t_oracle > 0)
+			kiln_json_add_number(doc, "kiln_vs_oracle", t_kiln / t_oracle);
+		if (t_kiln >= 0 && t_unb > 0)
+			kiln_json_add_number(doc, "kiln_vs_unbounded", t_kiln / t_unb);
 		kiln_json_add_string(doc, "loads", prof->name);
 		kiln_json_add_i64(doc, "iterations", n_iters);
 		kiln_json_add_u64(doc, "seed", n_seed);
@@ -603,6 +618,15 @@ int kilnc_simulate(int argc, char **argv)
 			       100 * r->dropped_fraction, r->iteration_s, 100 * r->mfu,
 			       100 * r->hfu, (long long)r->ooms, (long long)r->reruns,
 			       r->oom_lost_s, r->recompute_s, r->copy_s, pb);
+		}
+		if (t_kiln >= 0 && (t_oracle > 0 || t_unb > 0)) {
+			printf("\nkiln");
+			if (t_oracle > 0)
+				printf(" / oracle %.2f%%", 100 * t_kiln / t_oracle);
+			if (t_unb > 0)
+				printf("%s / unbounded %.2f%%", t_oracle > 0 ? ", kiln" : "",
+				       100 * t_kiln / t_unb);
+			printf(" (tokens/s)\n");
 		}
 		for (int32_t k = 0; k < n; k++)
 			if (res[k].flags)
