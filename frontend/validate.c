@@ -515,6 +515,55 @@ static void check_megatron(vctx *v, kiln_megatron *out)
 		out->force_load_balancing = fb->b;
 	if (mtp->state == KILN_FE_SET)
 		out->mtp_num_layers = mtp->i;
+	/* The paged stash's flags (transformer_config.py:1364-1381); a
+	 * negative buffer factor is Megatron's measured sizing, not
+	 * modelled. */
+	kiln_fe_field *rcf = FLD(MOE_EXPERT_RANK_CAPACITY_FACTOR);
+	kiln_fe_field *sc = FLD(MOE_PAGED_STASH_BUFFER_SIZE_FACTOR_CUDA);
+	kiln_fe_field *sh = FLD(MOE_PAGED_STASH_BUFFER_SIZE_FACTOR_CPU);
+	kiln_fe_field *ps = FLD(MOE_PAGED_STASH_PAGE_SIZE);
+	const kiln_fe_field *stash_keys[4] = {rcf, sc, sh, ps};
+	const kiln_fe_field_id stash_ids[4] = {KILN_FE_F_MOE_EXPERT_RANK_CAPACITY_FACTOR,
+	                                       KILN_FE_F_MOE_PAGED_STASH_BUFFER_SIZE_FACTOR_CUDA,
+	                                       KILN_FE_F_MOE_PAGED_STASH_BUFFER_SIZE_FACTOR_CPU,
+	                                       KILN_FE_F_MOE_PAGED_STASH_PAGE_SIZE};
+	for (int k = 0; k < 4; k++)
+		if (stash_keys[k]->state == KILN_FE_SET && !moe && FLD(MOE)->state != KILN_FE_BAD)
+			rule_error(v, stash_keys[k]->value, stash_ids[k],
+			           "this megatron key needs model.moe");
+	if (rcf->state == KILN_FE_SET) {
+		if (rcf->f >= 1e6)
+			rule_error(v, rcf->value, KILN_FE_F_MOE_EXPERT_RANK_CAPACITY_FACTOR,
+			           "moe_expert_rank_capacity_factor must be below 1e6");
+		else
+			out->rank_capacity_factor = rcf->f;
+	}
+	for (int k = 1; k <= 2; k++) {
+		const kiln_fe_field *f = stash_keys[k];
+		if (f->state != KILN_FE_SET)
+			continue;
+		if (!(f->f >= 0 && f->f < 1e6)) {
+			char msg[256];
+			snprintf(msg, sizeof msg,
+			         "%s must be in [0, 1e6) (Megatron's negative factor, sized from "
+			         "measured rows, is not modelled)",
+			         kiln_fe_field_key(stash_ids[k]));
+			rule_error(v, f->value, stash_ids[k], msg);
+		} else if (k == 1) {
+			out->paged_stash_cuda_set = true;
+			out->paged_stash_cuda_factor = f->f;
+		} else {
+			out->paged_stash_cpu_set = true;
+			out->paged_stash_cpu_factor = f->f;
+		}
+	}
+	if (ps->state == KILN_FE_SET) {
+		if (ps->i > 1048576)
+			rule_error(v, ps->value, KILN_FE_F_MOE_PAGED_STASH_PAGE_SIZE,
+			           "moe_paged_stash_page_size must be at most 1048576 rows");
+		else
+			out->paged_stash_page_size = ps->i;
+	}
 }
 
 static void check_stage_layers(vctx *v, derived *d)

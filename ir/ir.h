@@ -188,6 +188,14 @@ typedef struct kiln_megatron {
 	bool pad_to_capacity;
 	bool force_load_balancing;
 	int64_t mtp_num_layers; /* multi-token prediction layers (counted in FLOPs only) */
+	/* The paged stash's flags (megatron-paged-stash; the simulator
+	 * chooses those absent): 0 when absent. */
+	double rank_capacity_factor;    /* --moe-expert-rank-capacity-factor */
+	bool paged_stash_cuda_set;      /* --moe-paged-stash-buffer-size-factor-cuda given */
+	double paged_stash_cuda_factor; /* its value (>= 0) */
+	bool paged_stash_cpu_set;       /* --moe-paged-stash-buffer-size-factor-cpu given */
+	double paged_stash_cpu_factor;  /* its value (>= 0) */
+	int64_t paged_stash_page_size;  /* --moe-paged-stash-page-size */
 } kiln_megatron;
 
 /* A hardware profile (DESIGN.md 5.1). Bandwidths in GB/s (1e9 bytes/s),

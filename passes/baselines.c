@@ -57,14 +57,23 @@ typedef struct fixed_plan {
 	int32_t point;
 } fixed_plan;
 
-static void fixed_table(const kiln_compilation *c, const kiln_unit_set *set, const uint8_t *actions,
-                        double load, int32_t layers, fixed_plan *out)
+static void fixed_table(const kiln_compilation *c, int32_t i, const uint8_t *actions, double load,
+                        int32_t layers, const kiln_megatron_beside *bs, fixed_plan *out)
 {
+	const kiln_unit_set *set = &c->sets[i];
 	memset(out, 0, sizeof *out);
 	out->set = *set;
 	out->set.n_layers = layers;
 	double n = set->kind == KILN_LAYER_MOE ? load * c->graph->layers[set->layer].n_balanced : 0;
 	kiln_plan_bytes_at(set, actions, n, &out->b);
+	/* Beside the recipe (the paged stash): units held outside it leave
+	 * their per-row bytes, and each layer's transient grows. */
+	const uint8_t *outside = bs && bs->outside ? bs->outside[i] : NULL;
+	for (int32_t u = 0; outside && u < set->n_units; u++)
+		if (outside[u] && actions[u] == KILN_ACT_KEEP)
+			out->b.resident -= (double)set->units[u].bytes.per_n * n;
+	if (bs && bs->transient_bytes)
+		out->b.transient += bs->transient_bytes[i];
 	out->f.points = &out->p;
 	out->f.n_points = 1;
 	out->t.set = &out->set;
@@ -77,7 +86,8 @@ static void fixed_table(const kiln_compilation *c, const kiln_unit_set *set, con
 /* Whether stage s fits with every in-flight micro-batch when its unit sets
  * take tail[i] on n_tail[i] layers and head[i] (when set) on n_head[i]. */
 static bool stage_fits(const kiln_compilation *c, int32_t s, double load, uint8_t *const *tail,
-                       uint8_t *const *head, const int32_t *n_tail, const int32_t *n_head)
+                       uint8_t *const *head, const int32_t *n_tail, const int32_t *n_head,
+                       const kiln_megatron_beside *bs)
 {
 	const kiln_stage_budget *bu = &c->budgets[s];
 	fixed_plan fp[8];
@@ -87,18 +97,20 @@ static bool stage_fits(const kiln_compilation *c, int32_t s, double load, uint8_
 		if (c->sets[i].stage != s)
 			continue;
 		if (n_tail[i] > 0 || !head || !head[i]) {
-			fixed_table(c, &c->sets[i], tail[i], load, n_tail[i], &fp[n]);
+			fixed_table(c, i, tail[i], load, n_tail[i], bs, &fp[n]);
 			tabs[n] = &fp[n].t;
 			n++;
 		}
 		if (head && head[i] && n_head[i] > 0) {
-			fixed_table(c, &c->sets[i], head[i], load, n_head[i], &fp[n]);
+			fixed_table(c, i, head[i], load, n_head[i], bs, &fp[n]);
 			tabs[n] = &fp[n].t;
 			n++;
 		}
 	}
+	double reserved = bs && bs->reserved_bytes ? bs->reserved_bytes[s] : 0;
 	return kiln_budget_cheapest_fit(tabs, n, bu->fixed_bytes, bu->inflight,
-	                                bu->capacity_bytes - bu->static_bytes, 0, pts) == 0;
+	                                bu->capacity_bytes - bu->static_bytes - reserved, 0,
+	                                pts) == 0;
 }
 
 /* Does a baseline's plan fit every stage with every in-flight micro-batch
@@ -128,7 +140,7 @@ static bool baseline_fits(const kiln_compilation *c, const kiln_baseline *bl, ki
 					nh[i]++;
 				}
 	for (int32_t s = 0; s < c->graph->n_stages; s++)
-		if (!stage_fits(c, s, bl->design_load, tail, head, nt, nh))
+		if (!stage_fits(c, s, bl->design_load, tail, head, nt, nh, NULL))
 			return false;
 	return true;
 }
@@ -164,6 +176,7 @@ typedef struct recipes {
 	int32_t max_block;         /* most transformer layers of one chunk on a stage */
 	int32_t **in_block;        /* per set, per k in 0..max_block: its layers in the block */
 	double min_offload_bytes;
+	const kiln_megatron_beside *beside; /* NULL: nothing beside the recipe */
 	/* the search's memo of scheduled exposed times, per set */
 	struct memo **memo;
 	int32_t n_memo;
@@ -262,6 +275,9 @@ static void set_actions(const recipes *w, int32_t i, uint32_t rmods, uint32_t om
 		const kiln_megatron_uses *us = &w->uses[i][u];
 		bool input = (un->flags & KILN_UNIT_LAYER_INPUT) != 0;
 		out[u] = KILN_ACT_KEEP;
+		if (w->beside && w->beside->outside && w->beside->outside[i] &&
+		    w->beside->outside[i][u])
+			continue; /* held outside the recipe: kept */
 		if (!input && (full || kiln_megatron_drops(us, rmods)))
 			out[u] = KILN_ACT_RECOMPUTE;
 		else if (!full && (us->offloaded_by & omods) &&
@@ -371,7 +387,8 @@ static int judge(recipes *w, uint8_t **tail, uint8_t **head, const int32_t *n_ta
 	const kiln_compilation *c = w->c;
 	bool fits = true;
 	for (int32_t s = 0; s < c->graph->n_stages && fits; s++)
-		fits = stage_fits(c, s, w->load, tail, block ? head : NULL, n_tail, n_head);
+		fits =
+		    stage_fits(c, s, w->load, tail, block ? head : NULL, n_tail, n_head, w->beside);
 	*out_fits = fits;
 	*out_worst = *out_sum = 0;
 	if (!price)
@@ -387,7 +404,8 @@ static int judge(recipes *w, uint8_t **tail, uint8_t **head, const int32_t *n_ta
 				return -1;
 			ex += n_tail[i] * et + n_head[i] * eh;
 		}
-		double t = w->base_us[s] + ex;
+		double t = w->base_us[s] + ex +
+		           (w->beside && w->beside->stage_us ? w->beside->stage_us[s] : 0);
 		*out_worst = t > *out_worst ? t : *out_worst;
 		*out_sum += ex;
 	}
@@ -459,11 +477,20 @@ int kiln_megatron_search(const kiln_compilation *c, double load, kiln_arena *a,
                          kiln_megatron *out_recipe, kiln_megatron_actions *out_actions,
                          kiln_megatron_search_stats *stats)
 {
+	return kiln_megatron_search_beside(c, load, NULL, a, out_recipe, out_actions, stats);
+}
+
+int kiln_megatron_search_beside(const kiln_compilation *c, double load,
+                                const kiln_megatron_beside *beside, kiln_arena *a,
+                                kiln_megatron *out_recipe, kiln_megatron_actions *out_actions,
+                                kiln_megatron_search_stats *stats)
+{
 	clock_t t0 = clock();
 	recipes w;
 	kiln_megatron_actions cand;
 	if (recipes_init(&w, c, load, true, a) != 0 || actions_alloc(c, a, &cand) != 0)
 		return -1;
+	w.beside = beside;
 	/* The modules that change anything here: a recompute module that
 	 * drops a tensor of some unit set, an offload module that moves one
 	 * (at Megatron's minimum size). Others give the same plan with one
@@ -474,6 +501,9 @@ int kiln_megatron_search(const kiln_compilation *c, double load, kiln_arena *a,
 	for (int32_t i = 0; i < c->n_sets; i++)
 		for (int32_t u = 0; u < c->sets[i].n_units; u++) {
 			const kiln_unit *un = &c->sets[i].units[u];
+			if (beside && beside->outside && beside->outside[i] &&
+			    beside->outside[i][u])
+				continue; /* held outside: no module changes it */
 			if (un->flags & KILN_UNIT_LAYER_INPUT) {
 				/* never recomputed; may be offloaded (attn_norm) */
 			} else {
@@ -485,14 +515,32 @@ int kiln_megatron_search(const kiln_compilation *c, double load, kiln_arena *a,
 				any_o |= w.uses[i][u].offloaded_by;
 		}
 	any_o &= ~KILN_MOF(FUSED_GROUP_MLP);
+	if (beside) {
+		any_r &= ~beside->no_recompute;
+		any_o &= ~beside->no_offload;
+	}
 	const kiln_model *m = c->model;
 	/* Full recompute is refused beside EP overlap
 	 * (transformer_config.py:3021-3023). */
-	bool full_ok = !m->overlap_ep_comm;
+	bool full_ok = !m->overlap_ep_comm && !(beside && beside->no_full);
 
 	kiln_megatron best = {.recompute = KILN_RECOMPUTE_FULL,
 	                      .recompute_method = KILN_RECOMPUTE_UNIFORM,
 	                      .recompute_num_layers = 1};
+	if (beside && beside->no_full) {
+		/* Without full recompute the fallback saves most: every
+		 * module searched (attn_proj only with core_attn). */
+		uint32_t o = any_o;
+		if (!(o & KILN_MOF(CORE_ATTN)))
+			o &= ~KILN_MOF(ATTN_PROJ);
+		best = (kiln_megatron){.recompute =
+		                           any_r ? KILN_RECOMPUTE_SELECTIVE : KILN_RECOMPUTE_NONE,
+		                       .recompute_modules = any_r,
+		                       .offload_modules = o};
+		if ((any_r & KILN_MRC(MOE)) &&
+		    (any_r & (KILN_MRC(MOE_ACT) | KILN_MRC(SHARED_EXPERTS))))
+			best.recompute_modules &= ~(KILN_MRC(MOE_ACT) | KILN_MRC(SHARED_EXPERTS));
+	}
 	bool found = false;
 	double best_worst = INFINITY, best_sum = INFINITY;
 	int64_t n_cand = 0, n_fit = 0;

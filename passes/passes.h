@@ -359,6 +359,30 @@ int kiln_megatron_search(const kiln_compilation *c, double load, kiln_arena *a,
                          kiln_megatron *out_recipe, kiln_megatron_actions *out_actions,
                          kiln_megatron_search_stats *stats);
 
+/* What runs beside a Megatron recipe and changes its search (the paged
+ * stash, sim/policy.c; docs/simulator.md, "The paged stash"): modules it
+ * leaves out, units held outside the recipe, and the bytes and time
+ * charged beside it. Zero fields and NULL arrays change nothing. */
+typedef struct kiln_megatron_beside {
+	uint32_t no_recompute; /* KILN_MRC bits not searched */
+	uint32_t no_offload;   /* KILN_MOF bits not searched */
+	bool no_full;          /* full recompute not searched (nor its fallback) */
+	/* per unit set (NULL entries: none), per unit: 1 for a unit held
+	 * outside the recipe: always kept, its per-row bytes not resident */
+	const uint8_t *const *outside;
+	const double *reserved_bytes;  /* per stage: device bytes held all step */
+	const double *transient_bytes; /* per unit set: added to each layer's transient */
+	const double *stage_us;        /* per stage: time per micro-batch added to its compute */
+} kiln_megatron_beside;
+
+/* kiln_megatron_search with beside (NULL: none) in the fit and objective.
+ * With no_full, the fallback when nothing fits is every module searched
+ * (fits false). */
+int kiln_megatron_search_beside(const kiln_compilation *c, double load,
+                                const kiln_megatron_beside *beside, kiln_arena *a,
+                                kiln_megatron *out_recipe, kiln_megatron_actions *out_actions,
+                                kiln_megatron_search_stats *stats);
+
 const char *kiln_baseline_name(kiln_baseline_kind k);
 
 /* adapipe.c

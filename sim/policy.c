@@ -159,7 +159,7 @@ struct kiln_sim_policy {
 	kiln_sim_stash *stash;
 	uint8_t *has_stash;
 	kiln_sim_policy *rerun;
-	const char *recipe; /* the recompute flags it runs beside the stash */
+	const char *recipe; /* its flags, the stash's and the recipe's beside it */
 	int recipe_fits;    /* whether they fit at the design load */
 	kiln_sim_oracle *oracle; /* oracle: its planner (sim/oracle.c) */
 };
@@ -762,254 +762,226 @@ const kiln_sim_policy *kiln_sim_policy_rerun(const kiln_sim_policy *p)
 	return p ? p->rerun : NULL;
 }
 
-/* Megatron-Core's --recompute-modules that act on units the stash does
- * not page, as the one mapping of modules to ops covers them
- * (costmodel/megatron.c, kiln_megatron_recompute_cover): layernorm,
- * core_attn, mla_up_proj, shared_experts. moe_act is covered by the
- * stash, moe (the whole MoE layer) would checkpoint what the stash pages,
- * and expert_fc1 and moe_act cannot be offloaded beside it (Megatron-LM
- * transformer_config.py:2210-2230). */
-enum { STASH_MOD_LAYERNORM, STASH_MOD_CORE_ATTN, STASH_MOD_MLA_UP, STASH_MOD_SHARED, STASH_N_MODS };
-static const char *const STASH_MOD_NAMES[STASH_N_MODS] = {"layernorm", "core_attn", "mla_up_proj",
-                                                          "shared_experts"};
-static const uint32_t STASH_MOD_BITS[STASH_N_MODS] = {
-    KILN_MRC(LAYERNORM), KILN_MRC(CORE_ATTN), KILN_MRC(MLA_UP_PROJ), KILN_MRC(SHARED_EXPERTS)};
+/* The recipe beside the stash: Megatron's recompute and offload modules
+ * searched as for the megatron peer (passes/baselines.c,
+ * kiln_megatron_search_beside, through costmodel/megatron.c's mapping),
+ * with what the stash changes (docs/simulator.md, "The paged stash"):
+ * - recompute modules left out: moe_act, whose checkpoint exists only on
+ *   the unfused expert path (Megatron-LM moe/experts.py:269-271,
+ *   1019-1030) while the stash needs Transformer Engine's fused grouped
+ *   MLP (experts.py:287-291, 864-870, the stash at 766-828); moe, which
+ *   checkpoints the whole MoE layer, experts included, so that their
+ *   forward would save nothing for the stash to page; and full recompute
+ *   for the same reason (Megatron does not refuse it, but neither its user
+ *   guide nor a Megatron-Bridge recipe combines it with the stash);
+ * - offload modules left out: expert_fc1, moe_act and fused_group_mlp,
+ *   which Megatron refuses beside the stash (transformer_config.py:
+ *   2218-2227);
+ * - the paged units held outside the recipe, each stage's CUDA pages
+ *   reserved, an MoE layer's budget-sized buffers added to its transient,
+ *   and the stash's copies at the design load added to each stage's time. */
+#define STASH_NO_RECOMPUTE (KILN_MRC(MOE_ACT) | KILN_MRC(MOE))
+#define STASH_NO_OFFLOAD (KILN_MOF(EXPERT_FC1) | KILN_MOF(MOE_ACT) | KILN_MOF(FUSED_GROUP_MLP))
 
-/* Megatron-Core's --offload-modules allowed beside the stash, each
- * offloading the input of its module (transformer_config.py:1323-1342:
- * attn_norm, the attention norm's input; qkv_linear, the QKV projection's
- * (the MLA down projections'); core_attn, core attention's; attn_proj,
- * the output projection's; mlp_norm, the second norm's), with Megatron's
- * rule that attn_proj needs core_attn (transformer_config.py:2148-2152). */
-enum {
-	STASH_OFF_ATTN_NORM,
-	STASH_OFF_QKV,
-	STASH_OFF_CORE_ATTN,
-	STASH_OFF_ATTN_PROJ,
-	STASH_OFF_MLP_NORM,
-	STASH_N_OFFS
-};
-static const char *const STASH_OFF_NAMES[STASH_N_OFFS] = {"attn_norm", "qkv_linear", "core_attn",
-                                                          "attn_proj", "mlp_norm"};
+/* The factors a tuning engineer tries (docs/simulator.md, "The paged
+ * stash", "Choosing the factors"). The capacity factor: Megatron-Bridge's
+ * 1.5 (perf_recipes/deepseek/common.py:63, qwen/common.py:45,
+ * gpt_oss/common.py:30 at 067f987), raised to the least of its larger
+ * values (gpt_oss/b300/gpt_oss.py:96 sets 5, gpt_oss/gb200/gpt_oss.py:148
+ * 7) where 1.5 does not hold the design load's padded rows, lowered to
+ * 1.4, 1.3 or 1.2 (Bridge's Qwen3-235B value, qwen/gb200/qwen3_moe.py:958)
+ * only where that is faster or what fits. The CUDA factor: 0 to 1.2
+ * (Bridge's) in steps of 0.1, Megatron's default 1.10 and Bridge's 1.0
+ * among them; the CPU factor by stash_cpu_factor. */
+static const double STASH_CF_UP[] = {1.5, 2, 3, 5, 7};
+static const double STASH_CF_DOWN[] = {1.4, 1.3, 1.2};
+#define STASH_CUDA_STEPS 21     /* 0, 0.1, ..., 2.0 */
+#define STASH_CPU_MAX_STEPS 200 /* the CPU factor in steps of 0.1, at most 20 */
 
-/* The offload module whose input is tensor t of layer L, or -1. The
- * layer's first norm is the attention's, the next the MLP's. */
-static int stash_offload_of(const kiln_ir_graph *g, const kiln_ir_layer *L, int32_t t)
+/* The forward and backward time of graph layer l at n expert rows, as the
+ * simulator times it (sim.c, the world's layer times). */
+static void layer_times(const kiln_ir_graph *g, int32_t l, double n, double *f, double *b)
 {
-	int norms = 0, found = -1;
-	for (int32_t o = L->op_begin; o < L->op_end && found < 0; o++) {
-		const kiln_ir_op *op = &g->ops[o];
-		if (op->backward)
-			continue;
-		int mod = -1;
-		switch (op->kind) {
-		case KILN_OP_NORM:
-			mod = norms++ == 0 ? STASH_OFF_ATTN_NORM : STASH_OFF_MLP_NORM;
-			break;
-		case KILN_OP_QKV_PROJ:
-		case KILN_OP_Q_DOWN:
-		case KILN_OP_KV_DOWN:
-			mod = STASH_OFF_QKV;
-			break;
-		case KILN_OP_ATTN_CORE:
-			mod = STASH_OFF_CORE_ATTN;
-			break;
-		case KILN_OP_OUT_PROJ:
-			mod = STASH_OFF_ATTN_PROJ;
-			break;
-		default:
-			break;
+	*f = *b = 0;
+	for (int32_t o = g->layers[l].op_begin; o < g->layers[l].op_end; o++) {
+		double us = kiln_cost_op_time_us(g, &g->ops[o], n);
+		if (g->ops[o].backward)
+			*b += us;
+		else
+			*f += us;
+	}
+}
+
+/* One stage's stash at the design load: whether its budget holds the
+ * design load's padded rows (no tokens dropped), whether its pages hold
+ * the window's tensors there (no overflow) and its host pages fit the
+ * device's share of host memory, and the copies' time per micro-batch:
+ * the window's W * L tensors placed as kiln_sim_stash_place places them,
+ * the first on the device while its pages last, the rest on the host,
+ * averaged over the W micro-batches. */
+typedef struct stash_at_design {
+	int covers, holds, host_ok;
+	double us;
+} stash_at_design;
+
+static stash_at_design stash_design(const kiln_compilation *c, const kiln_unit_set *set,
+                                    const kiln_sim_stash *st, int32_t window)
+{
+	const kiln_hardware *hw = &c->model->hw;
+	stash_at_design d = {0};
+	double bal = c->graph->layers[set->layer].n_balanced;
+	double rows = kiln_sim_stash_padded_rows(st, KILN_BASELINE_DESIGN_LOAD * bal);
+	int64_t pg = kiln_sim_stash_pages(st, rows);
+	double tensors = (double)window * (double)set->n_layers;
+	double on_dev = pg > 0 ? floor((double)st->cuda_pages / (double)pg) : tensors;
+	on_dev = on_dev < tensors ? on_dev : tensors;
+	double on_host = pg > 0 ? floor((double)st->host_pages / (double)pg) : 0;
+	on_host = on_host < tensors - on_dev ? on_host : tensors - on_dev;
+	d.covers = rows <= st->budget_rows;
+	d.holds = on_dev + on_host >= tensors;
+	double per_dev = hw->devices_per_node > 0 ? (double)hw->devices_per_node : 1;
+	d.host_ok = st->host_bytes <= hw->host_memory_gib * 1073741824.0 / per_dev;
+	double f, b, bytes = rows * st->row_bytes;
+	layer_times(c->graph, set->layer, KILN_BASELINE_DESIGN_LOAD * bal, &f, &b);
+	double hbm = hw->hbm_gbps > 0 ? 2 * bytes / (hw->hbm_gbps * 1e3) : 0;
+	double d2h = hw->d2h_gbps > 0 ? bytes / (hw->d2h_gbps * 1e3) : 0;
+	double h2d = hw->h2d_gbps > 0 ? bytes / (hw->h2d_gbps * 1e3) : 0;
+	double spill = hbm + (d2h > f ? d2h - f : 0) + (h2d > b ? h2d - b : 0);
+	d.us = (on_dev * 2 * hbm + on_host * spill) / (window > 0 ? window : 1);
+	return d;
+}
+
+/* The least CPU factor (a multiple of 0.1) with which every stage's pages
+ * hold every in-flight MoE layer at its full budget, so that the stash
+ * never overflows before a rank's rows exceed its budget: the host spill
+ * the user guide suggests to avoid overflow reruns
+ * (docs/user-guide/features/paged_stash.md:59). */
+static double stash_cpu_factor(const kiln_compilation *c, const kiln_sim_stash_flags *fl)
+{
+	for (int k = 0; k <= STASH_CPU_MAX_STEPS; k++) {
+		kiln_sim_stash_flags f = *fl;
+		f.cpu_factor = k / 10.0;
+		int ok = 1;
+		for (int32_t s = 0; s < c->graph->n_stages && ok; s++) {
+			double win = ceil(c->budgets[s].inflight);
+			int32_t w = win >= 1 ? (int32_t)win : 1;
+			for (int32_t i = 0; i < c->n_sets && ok; i++) {
+				const kiln_unit_set *set = &c->sets[i];
+				if (set->stage != s || set->kind != KILN_LAYER_MOE)
+					continue;
+				kiln_sim_stash st;
+				stash_size(c, set, &f, w, &st);
+				int64_t pg = kiln_sim_stash_pages(&st, st.budget_rows);
+				double per = pg > 0 ? (double)pg : 1;
+				ok = floor((double)st.cuda_pages / per) +
+				         floor((double)st.host_pages / per) >=
+				     (double)w * (double)set->n_layers;
+			}
 		}
-		for (int32_t k = 0; mod >= 0 && k < op->n_inputs; k++)
-			if (op->inputs[k] == t)
-				found = mod;
+		if (ok)
+			return f.cpu_factor;
 	}
-	return found;
+	return STASH_CPU_MAX_STEPS / 10.0;
 }
 
-/* The actions of recompute-module set rmods (bits of STASH_MOD_*) and
- * offload-module set omods (bits of STASH_OFF_*) for set: those modules'
- * units recomputed (never the layer input) or offloaded, the paged units
- * and everything else kept. Returns -1 when a unit would be both
- * recomputed and offloaded (such a recipe is skipped), else 0. */
-static int stash_actions(const kiln_compilation *c, const kiln_unit_set *set, unsigned rmods,
-                         unsigned omods, uint8_t *out)
-{
-	const kiln_ir_layer *L = &c->graph->layers[set->layer];
-	uint32_t mrc = 0;
-	for (int j = 0; j < STASH_N_MODS; j++)
-		mrc |= (rmods >> j & 1) ? STASH_MOD_BITS[j] : 0;
-	for (int32_t u = 0; u < set->n_units; u++) {
-		const kiln_unit *un = &set->units[u];
-		out[u] = KILN_ACT_KEEP;
-		if (stash_paged_unit(c, un))
-			continue;
-		int rec = (kiln_megatron_recompute_cover(c->graph->ops[un->producer].kind) & mrc) &&
-		          !(un->flags & KILN_UNIT_LAYER_INPUT);
-		int off = omods ? stash_offload_of(c->graph, L, un->tensor) : -1;
-		off = off >= 0 && (omods >> off & 1);
-		if (rec && off)
-			return -1;
-		out[u] = rec ? KILN_ACT_RECOMPUTE : off ? KILN_ACT_OFFLOAD : KILN_ACT_KEEP;
-	}
-	return 0;
-}
-
-/* The recipe the paged stash runs beside, as a team turning the stash on
- * would tune it (one flag set for the job): of the sets of the four
- * recompute modules above and the five offload modules (attn_proj only
- * with core_attn), the one with the least exposed time at the design load
- * (KILN_BASELINE_DESIGN_LOAD: per stage the sum over its layers of each
- * plan's exposed time at that load's bucket, the slowest stage counting;
- * ties to fewer modules) with which every stage fits there with every
- * in-flight micro-batch and the stash in place (static bytes, CUDA pages,
- * the window's unpaged bytes, the largest transient with the budget's
- * rows). Where none fits, the set that overshoots least (the run then
- * fails, as it would). Fills p->actions and p->recipe (arena-owned). */
-/* One set's actions already scheduled, and their exposed time. */
-typedef struct stash_seen {
-	struct stash_seen *next;
-	double exposed_us;
-	uint8_t actions[];
-} stash_seen;
-
-static int stash_recipe(kiln_sim_policy *p, kiln_arena *a)
+/* Sizes every stage's stash for fl (into p->stash and p->has_stash) and
+ * what the recipe search charges beside it: per stage the CUDA pages'
+ * bytes and the copies' time at the design load, per unit set an MoE
+ * layer's budget-sized buffers. Returns whether every stage's stash takes
+ * the design load (stash_design: covers, holds, host_ok). */
+static int stash_size_all(kiln_sim_policy *p, const kiln_sim_stash_flags *fl, double *reserved,
+                          double *us, double *tr)
 {
 	const kiln_compilation *c = p->c;
-	int32_t nb = c->n_buckets;
-	int32_t bd = kiln_plan_bucket_of(c->buckets, nb, KILN_BASELINE_DESIGN_LOAD);
-	bd = bd < nb ? bd : nb - 1;
-	uint8_t *x = kiln_arena_alloc(a, KILN_PLAN_MAX_UNITS);
-	stash_seen **seen = kiln_arena_alloc(a, sizeof(stash_seen *) * (size_t)(c->n_sets + 1));
-	if (!x || !seen)
-		return -1;
-	memset(seen, 0, sizeof(stash_seen *) * (size_t)(c->n_sets + 1));
-	unsigned best = 0, closest = 0;
-	double best_us = INFINITY, least_over = INFINITY;
-	int any_fits = 0;
-	unsigned n_r = 1u << STASH_N_MODS, n_o = 1u << STASH_N_OFFS;
-	for (unsigned combo = 0; combo < n_r * n_o; combo++) {
-		unsigned rmods = combo % n_r, omods = combo / n_r;
-		if ((omods >> STASH_OFF_ATTN_PROJ & 1) && !(omods >> STASH_OFF_CORE_ATTN & 1))
-			continue;
-		int valid = 1;
-		double worst_over = -INFINITY;
-		for (int32_t s = 0; s < c->graph->n_stages && valid; s++) {
-			const kiln_stage_budget *bu = &c->budgets[s];
-			double win = ceil(bu->inflight), held = bu->fixed_bytes, tr = 0, extra = 0;
-			win = win >= 1 ? win : 1;
-			for (int32_t k = 0; k < c->n_sets && valid; k++) {
-				const kiln_unit_set *set = &c->sets[k];
-				if (set->stage != s)
-					continue;
-				if (stash_actions(c, set, rmods, omods, x) != 0 ||
-				    kiln_plan_valid(set, x) != 0) {
-					valid = 0;
-					break;
-				}
-				double n = set->kind == KILN_LAYER_MOE
-				               ? KILN_BASELINE_DESIGN_LOAD *
-				                     c->graph->layers[set->layer].n_balanced
-				               : 0;
-				kiln_plan_bytes b;
-				kiln_plan_bytes_at(set, x, n, &b);
-				double paged = 0, t = b.transient;
-				if (set->kind == KILN_LAYER_MOE && p->has_stash[s]) {
-					const kiln_sim_stash *st = &p->stash[s];
-					paged = st->row_bytes * n;
-					extra = st->cuda_bytes;
-					t += st->row_bytes * st->budget_rows;
-				}
-				held += (double)set->n_layers * (b.resident - paged);
-				tr = t > tr ? t : tr;
-			}
-			double over =
-			    bu->static_bytes + extra + win * held + tr - bu->capacity_bytes;
-			worst_over = over > worst_over ? over : worst_over;
-		}
-		if (!valid)
-			continue;
-		if (worst_over < least_over) {
-			least_over = worst_over;
-			closest = combo;
-		}
-		if (worst_over > 0)
-			continue;
-		/* It fits: its time, the slowest stage's. Modules a model lacks
-		 * give the same actions: each set's are scheduled once. */
-		double slowest = 0;
-		for (int32_t s = 0; s < c->graph->n_stages; s++) {
-			double stage_us = 0;
-			for (int32_t k = 0; k < c->n_sets; k++) {
-				if (c->sets[k].stage != s)
-					continue;
-				int32_t nu = c->sets[k].n_units;
-				stash_actions(c, &c->sets[k], rmods, omods, x);
-				double ex = NAN;
-				for (stash_seen *q = seen[k]; q && isnan(ex); q = q->next)
-					if (memcmp(q->actions, x, (size_t)nu) == 0)
-						ex = q->exposed_us;
-				if (isnan(ex)) {
-					cost co;
-					ex = cost_of(c, k, bd, x, &co) == 0 ? co.exposed_us : 0;
-					stash_seen *q =
-					    kiln_arena_alloc(a, sizeof *q + (size_t)nu + 1);
-					if (!q)
-						return -1;
-					memcpy(q->actions, x, (size_t)nu);
-					q->exposed_us = ex;
-					q->next = seen[k];
-					seen[k] = q;
-				}
-				stage_us += (double)c->sets[k].n_layers * ex;
-			}
-			slowest = stage_us > slowest ? stage_us : slowest;
-		}
-		int fewer = __builtin_popcount(combo) < __builtin_popcount(best);
-		if (!any_fits || slowest < best_us || (slowest == best_us && fewer)) {
-			any_fits = 1;
-			best = combo;
-			best_us = slowest;
+	int ok = 1;
+	for (int32_t s = 0; s < c->graph->n_stages; s++) {
+		p->stash[s] = (kiln_sim_stash){.flags = *fl};
+		p->has_stash[s] = 0;
+		reserved[s] = us[s] = 0;
+		double win = ceil(c->budgets[s].inflight);
+		int32_t w = win >= 1 ? (int32_t)win : 1;
+		for (int32_t k = 0; k < c->n_sets; k++) {
+			const kiln_unit_set *set = &c->sets[k];
+			if (set->stage != s || set->kind != KILN_LAYER_MOE)
+				continue;
+			stash_size(c, set, fl, w, &p->stash[s]);
+			p->has_stash[s] = 1;
+			stash_at_design d = stash_design(c, set, &p->stash[s], w);
+			ok &= d.covers && d.holds && d.host_ok;
+			reserved[s] = p->stash[s].cuda_bytes;
+			us[s] = d.us;
 		}
 	}
-	unsigned combo = any_fits ? best : closest;
-	unsigned rmods = combo % n_r, omods = combo / n_r;
-	p->recipe_fits = any_fits;
 	for (int32_t k = 0; k < c->n_sets; k++) {
 		const kiln_unit_set *set = &c->sets[k];
-		uint8_t *act = kiln_arena_alloc(a, (size_t)set->n_units + 1);
-		if (!act)
-			return -1;
-		stash_actions(c, set, rmods, omods, act);
-		p->actions[k] = act;
+		const kiln_sim_stash *st = &p->stash[set->stage];
+		tr[k] = set->kind == KILN_LAYER_MOE && p->has_stash[set->stage]
+		            ? st->row_bytes * st->budget_rows
+		            : 0;
 	}
-	char buf[512];
-	int len = 0;
-	if (rmods) {
-		len += snprintf(buf + len, sizeof buf - (size_t)len,
-		                "--recompute-granularity selective --recompute-modules");
-		for (int b = 0; b < STASH_N_MODS; b++)
-			if (rmods >> b & 1)
-				len += snprintf(buf + len, sizeof buf - (size_t)len, " %s",
-				                STASH_MOD_NAMES[b]);
-	}
-	if (omods) {
-		len += snprintf(buf + len, sizeof buf - (size_t)len,
-		                "%s--fine-grained-activation-offloading --offload-modules",
-		                rmods ? " " : "");
-		for (int b = 0; b < STASH_N_OFFS; b++)
-			if (omods >> b & 1)
-				len += snprintf(buf + len, sizeof buf - (size_t)len, " %s",
-				                STASH_OFF_NAMES[b]);
-	}
-	if (!rmods && !omods)
-		snprintf(buf, sizeof buf, "no recompute, no offload");
-	char *r = kiln_arena_alloc(a, strlen(buf) + 1);
-	if (!r)
+	return ok;
+}
+
+/* One candidate: flags fl with the side recipe searched beside them.
+ * fit: 2 when every stage fits its bytes and its stash takes the design
+ * load without drops or overflow, 1 when only the bytes fit, 0 when they
+ * do not; worst_us the search's objective (the slowest stage's compute,
+ * exposed recompute and copies, and stash copies, per micro-batch), sum_us
+ * the tie-break (the exposed time and stash copies summed over stages). */
+typedef struct stash_try {
+	kiln_sim_stash_flags fl;
+	int fit;
+	double worst_us, sum_us;
+	kiln_megatron recipe;
+	kiln_megatron_actions ma;
+} stash_try;
+
+static int stash_try_flags(kiln_sim_policy *p, const kiln_sim_stash_flags *fl,
+                           const kiln_megatron_beside *bs, double *reserved, double *us, double *tr,
+                           kiln_arena *a, stash_try *out)
+{
+	int ok = stash_size_all(p, fl, reserved, us, tr);
+	out->fl = *fl;
+	if (kiln_megatron_search_beside(p->c, KILN_BASELINE_DESIGN_LOAD, bs, a, &out->recipe,
+	                                &out->ma, NULL) != 0)
 		return -1;
-	memcpy(r, buf, strlen(buf) + 1);
-	p->recipe = r;
+	out->fit = out->ma.fits ? 1 + ok : 0;
+	out->worst_us = out->ma.worst_us;
+	out->sum_us = out->ma.exposed_us;
+	for (int32_t s = 0; s < p->c->graph->n_stages; s++)
+		out->sum_us += us[s];
 	return 0;
+}
+
+static int stash_flags_ok(const kiln_sim_stash_flags *fl)
+{
+	return fl->rank_capacity_factor > 0 && fl->rank_capacity_factor < 1e6 &&
+	       fl->cuda_factor >= 0 && fl->cuda_factor < 1e6 && fl->cpu_factor >= 0 &&
+	       fl->cpu_factor < 1e6 && fl->page_rows >= 1 && fl->align_rows >= 0;
+}
+
+/* The least capacity factor of STASH_CF_UP whose budget holds the design
+ * load's padded rows on every stage (the largest when none does). */
+static double stash_cf_up(kiln_sim_policy *p, const kiln_sim_stash_flags *base)
+{
+	const kiln_compilation *c = p->c;
+	size_t n = sizeof STASH_CF_UP / sizeof STASH_CF_UP[0];
+	for (size_t j = 0; j < n; j++) {
+		kiln_sim_stash_flags fl = *base;
+		fl.rank_capacity_factor = STASH_CF_UP[j];
+		int ok = 1;
+		for (int32_t k = 0; k < c->n_sets && ok; k++) {
+			const kiln_unit_set *set = &c->sets[k];
+			if (set->kind != KILN_LAYER_MOE)
+				continue;
+			kiln_sim_stash st;
+			stash_size(c, set, &fl, 1, &st);
+			ok = stash_design(c, set, &st, 1).covers;
+		}
+		if (ok)
+			return fl.rank_capacity_factor;
+	}
+	return STASH_CF_UP[n - 1];
 }
 
 const char *kiln_sim_policy_recipe(const kiln_sim_policy *p, int *fits)
@@ -1019,15 +991,17 @@ const char *kiln_sim_policy_recipe(const kiln_sim_policy *p, int *fits)
 	return p ? p->recipe : NULL;
 }
 
-/* megatron-paged-stash's stashes (from flags, checked) and recipe. */
+/* megatron-paged-stash's flags and recipe: flags as given (checked), else
+ * the description's stash keys kept and the others chosen over the grid
+ * above at the design load: the candidate that fits best (fit), then the
+ * least objective, then the least summed over stages; ties to the earlier
+ * (the capacity factor in the order listed, then the smaller CUDA factor:
+ * the same time with less device memory held). */
 static int stash_prepare(kiln_sim_policy *p, const kiln_sim_stash_flags *flags, kiln_arena *a,
                          FILE *err)
 {
 	const kiln_compilation *c = p->c;
-	kiln_sim_stash_flags fl = flags ? *flags : KILN_SIM_STASH_DEFAULTS;
-	if (!(fl.rank_capacity_factor > 0 && fl.rank_capacity_factor < 1e6) ||
-	    !(fl.cuda_factor >= 0 && fl.cuda_factor < 1e6) ||
-	    !(fl.cpu_factor >= 0 && fl.cpu_factor < 1e6) || fl.page_rows < 1 || fl.align_rows < 0) {
+	if (flags && !stash_flags_ok(flags)) {
 		fprintf(err,
 		        "kilnc: error: simulate: megatron-paged-stash: the capacity factor must be "
 		        "above 0, the CUDA and CPU buffer factors at least 0 (Megatron's negative, "
@@ -1035,23 +1009,109 @@ static int stash_prepare(kiln_sim_policy *p, const kiln_sim_stash_flags *flags, 
 		        "alignment at least 0\n");
 		return -1;
 	}
-	int32_t p_st = c->graph->n_stages;
+	int32_t p_st = c->graph->n_stages, ns = c->n_sets;
 	p->stash = kiln_arena_alloc(a, sizeof(kiln_sim_stash) * (size_t)(p_st + 1));
 	p->has_stash = kiln_arena_alloc(a, (size_t)p_st + 1);
-	if (!p->stash || !p->has_stash)
+	double *reserved = kiln_arena_alloc(a, sizeof(double) * (size_t)(p_st + 1));
+	double *us = kiln_arena_alloc(a, sizeof(double) * (size_t)(p_st + 1));
+	double *tr = kiln_arena_alloc(a, sizeof(double) * (size_t)(ns + 1));
+	uint8_t **outside = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
+	if (!p->stash || !p->has_stash || !reserved || !us || !tr || !outside)
 		return -1;
-	memset(p->has_stash, 0, (size_t)p_st + 1);
-	for (int32_t s = 0; s < p_st; s++) {
-		p->stash[s] = (kiln_sim_stash){.flags = fl};
-		double win = ceil(c->budgets[s].inflight);
-		for (int32_t k = 0; k < c->n_sets; k++)
-			if (c->sets[k].stage == s && c->sets[k].kind == KILN_LAYER_MOE) {
-				stash_size(c, &c->sets[k], &fl, win >= 1 ? (int32_t)win : 1,
-				           &p->stash[s]);
-				p->has_stash[s] = 1;
-			}
+	for (int32_t k = 0; k < ns; k++) {
+		const kiln_unit_set *set = &c->sets[k];
+		outside[k] = NULL;
+		if (set->kind != KILN_LAYER_MOE)
+			continue;
+		outside[k] = kiln_arena_alloc(a, (size_t)set->n_units + 1);
+		if (!outside[k])
+			return -1;
+		for (int32_t u = 0; u < set->n_units; u++)
+			outside[k][u] = (uint8_t)stash_paged_unit(c, &set->units[u]);
 	}
-	return stash_recipe(p, a);
+	kiln_megatron_beside bs = {.no_recompute = STASH_NO_RECOMPUTE,
+	                           .no_offload = STASH_NO_OFFLOAD,
+	                           .no_full = true,
+	                           .outside = (const uint8_t *const *)outside,
+	                           .reserved_bytes = reserved,
+	                           .transient_bytes = tr,
+	                           .stage_us = us};
+	stash_try best, cur;
+	if (flags) {
+		if (stash_try_flags(p, flags, &bs, reserved, us, tr, a, &best) != 0)
+			return -1;
+	} else {
+		const kiln_megatron *mg = &c->model->megatron;
+		kiln_sim_stash_flags base = KILN_SIM_STASH_DEFAULTS;
+		if (mg->paged_stash_page_size > 0)
+			base.page_rows = (int32_t)mg->paged_stash_page_size;
+		double cfs[8];
+		size_t n_cf = 0;
+		if (mg->rank_capacity_factor > 0) {
+			cfs[n_cf++] = mg->rank_capacity_factor;
+		} else {
+			cfs[n_cf++] = stash_cf_up(p, &base);
+			for (size_t j = 0; j < sizeof STASH_CF_DOWN / sizeof STASH_CF_DOWN[0]; j++)
+				cfs[n_cf++] = STASH_CF_DOWN[j];
+		}
+		int n_cuda = mg->paged_stash_cuda_set ? 1 : STASH_CUDA_STEPS;
+		int have = 0;
+		for (size_t i = 0; i < n_cf && !(have && best.fit == 2); i++) {
+			/* The best CUDA factor at this capacity factor; a later
+			 * capacity factor replaces the earlier only by fitting
+			 * better. */
+			stash_try at;
+			int have_at = 0;
+			for (int j = 0; j < n_cuda; j++) {
+				kiln_sim_stash_flags fl = base;
+				fl.rank_capacity_factor = cfs[i];
+				fl.cuda_factor = mg->paged_stash_cuda_set
+				                     ? mg->paged_stash_cuda_factor
+				                     : j / 10.0;
+				fl.cpu_factor = mg->paged_stash_cpu_set ? mg->paged_stash_cpu_factor
+				                                        : stash_cpu_factor(c, &fl);
+				if (stash_try_flags(p, &fl, &bs, reserved, us, tr, a, &cur) != 0)
+					return -1;
+				double tol =
+				    have_at ? 1e-9 * (at.worst_us > 1 ? at.worst_us : 1) : 0;
+				int same = have_at && cur.fit == at.fit &&
+				           fabs(cur.worst_us - at.worst_us) <= tol;
+				if (!have_at || cur.fit > at.fit ||
+				    (cur.fit == at.fit && cur.worst_us < at.worst_us - tol) ||
+				    (same && cur.sum_us < at.sum_us - tol)) {
+					at = cur;
+					have_at = 1;
+				}
+			}
+			if (!have || at.fit > best.fit) {
+				best = at;
+				have = 1;
+			}
+		}
+	}
+	stash_size_all(p, &best.fl, reserved, us, tr);
+	for (int32_t k = 0; k < ns; k++)
+		p->actions[k] = best.ma.tail[k];
+	p->recipe_fits = best.fit == 2;
+	char rec[512], buf[1024];
+	int rl = kiln_megatron_flags_format(&best.recipe, rec, sizeof rec);
+	int has_rec =
+	    rl > 0 && (best.recipe.recompute != KILN_RECOMPUTE_NONE || best.recipe.offload_modules);
+	int len = snprintf(buf, sizeof buf,
+	                   "--moe-paged-stash --moe-expert-rank-capacity-factor %g "
+	                   "--moe-paged-stash-buffer-size-factor-cuda %g "
+	                   "--moe-paged-stash-buffer-size-factor-cpu %g "
+	                   "--moe-paged-stash-page-size %d%s%s",
+	                   best.fl.rank_capacity_factor, best.fl.cuda_factor, best.fl.cpu_factor,
+	                   best.fl.page_rows, has_rec ? " " : "", has_rec ? rec : "");
+	if (len < 0 || (size_t)len >= sizeof buf)
+		return -1;
+	char *r = kiln_arena_alloc(a, (size_t)len + 1);
+	if (!r)
+		return -1;
+	memcpy(r, buf, (size_t)len + 1);
+	p->recipe = r;
+	return 0;
 }
 
 /* The first attempt's bytes: the paged units leave the plan's resident

@@ -269,9 +269,8 @@ double kiln_pipe_peak_bytes(const kiln_pipe_work *w, const kiln_pipe_result *r, 
 	  "and, where needed to fit at load 1.2, --recompute-method block --recompute-num-layers " \
 	  "N")                                                                                     \
 	X(MEGATRON_PAGED_STASH, "megatron-paged-stash",                                            \
-	  "Megatron-Core --moe-paged-stash --moe-expert-rank-capacity-factor 1.5 "                 \
-	  "--moe-paged-stash-buffer-size-factor-cuda 1.2 "                                         \
-	  "--moe-paged-stash-buffer-size-factor-cpu 1.0 (Megatron-Bridge's DeepSeek-V3 recipe): "  \
+	  "Megatron-Core --moe-paged-stash with its capacity, CUDA and CPU buffer factors chosen " \
+	  "at load 1.2 (the description's when given) and a recompute/offload recipe beside it: "  \
 	  "expert activations in 64-row pages, spill to pinned host, the step rerun once "         \
 	  "dropless on overflow")                                                                  \
 	X(KILN, "kiln", "kiln's runtime on the compiled blob")                                     \
@@ -378,9 +377,10 @@ int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *r
 
 /* megatron-paged-stash (docs/simulator.md, "The paged stash"): Megatron-
  * Core's flags, as Megatron-LM megatron/core/transformer/transformer_config.py
- * (commit d98e8a6) declares them. The defaults are Megatron-Bridge's
+ * (commit d98e8a6) declares them. KILN_SIM_STASH_DEFAULTS is Megatron-Bridge's
  * DeepSeek-V3 recipe (src/megatron/bridge/perf_recipes/deepseek/common.py:63-69,
- * commit 067f987): what users of the feature run. */
+ * commit 067f987), the grid's starting point; without flags the policy
+ * chooses them at the design load (docs/simulator.md, "The paged stash"). */
 typedef struct kiln_sim_stash_flags {
 	double rank_capacity_factor; /* --moe-expert-rank-capacity-factor (> 0) */
 	double cuda_factor;          /* --moe-paged-stash-buffer-size-factor-cuda (>= 0:
@@ -436,18 +436,21 @@ double kiln_sim_stash_padded_rows_of(const kiln_sim_stash *st, double rows, cons
  * page_rows), as Megatron's copy kernel asks the free list for. */
 int64_t kiln_sim_stash_pages(const kiln_sim_stash *st, double padded_rows);
 
-/* As kiln_sim_policy_new, with megatron-paged-stash's flags (NULL:
- * KILN_SIM_STASH_DEFAULTS; other policies ignore them). Bad flags are an
- * error on err. */
+/* As kiln_sim_policy_new, with megatron-paged-stash's flags, run as given
+ * (NULL: the description's stash keys kept and the other factors chosen
+ * at KILN_BASELINE_DESIGN_LOAD; other policies ignore them). Bad flags
+ * are an error on err. */
 int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const struct kiln_compilation *c,
                               const kiln_rt *rt, double capacity_factor,
                               const kiln_sim_stash_flags *flags, kiln_arena *a, FILE *err,
                               kiln_sim_policy **out);
 
-/* megatron-paged-stash: the Megatron recompute flags its recipe runs
- * beside the stash (as a command line carries them, "no recompute" for
- * none), and in *fits (when not NULL) whether they fit every stage at the
- * design load; NULL (and 0) for every other policy. Owned by p. */
+/* megatron-paged-stash: its flags as a command line carries them, the
+ * stash's (--moe-paged-stash --moe-expert-rank-capacity-factor ...) then
+ * the recompute and offload flags of the recipe beside it, and in *fits
+ * (when not NULL) whether every stage fits at the design load with its
+ * stash taking that load without dropped rows or overflow; NULL (and 0)
+ * for every other policy. Owned by p. */
 const char *kiln_sim_policy_recipe(const kiln_sim_policy *p, int *fits);
 
 /* One MoE layer's stash on one device, at rows n split over its experts

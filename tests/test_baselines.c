@@ -359,3 +359,71 @@ Test(baselines, padded_memory_is_load_independent, .init = kt_slow, .timeout = 6
 	cr_expect_not_null(r[0].flags);
 	kiln_arena_free(a);
 }
+
+/* kiln_megatron_search_beside (the paged stash's side recipe, sim/policy.c):
+ * nothing beside changes nothing; bytes reserved on every stage are the
+ * same search on devices that much smaller; modules left out are never
+ * chosen, and without full recompute the fallback is every module left
+ * in (fits false). */
+Test(baselines, search_beside_the_stash, .timeout = 300)
+{
+	const kiln_compilation *c = kt_compiled("examples/models/tiny.yaml", KILN_SOLVER_DP, false);
+	kiln_arena *a = kiln_arena_new();
+	cr_assert_not_null(a);
+	kiln_megatron r0, r1;
+	kiln_megatron_actions m0, m1;
+	cr_assert_eq(kiln_megatron_search(c, 1.2, a, &r0, &m0, NULL), 0);
+	kiln_megatron_beside none = {0};
+	cr_assert_eq(kiln_megatron_search_beside(c, 1.2, &none, a, &r1, &m1, NULL), 0);
+	cr_expect_eq(memcmp(&r0, &r1, sizeof r0), 0);
+	cr_expect_eq(m0.worst_us, m1.worst_us);
+	cr_expect_eq(m0.fits, m1.fits);
+
+	/* 1 MiB reserved on every stage against a copy of the compilation
+	 * whose stages are 1 MiB smaller. */
+	int32_t ns = c->graph->n_stages;
+	double reserved[8];
+	cr_assert_leq(ns, 8);
+	kiln_compilation small = *c;
+	kiln_stage_budget *bu = kiln_arena_alloc(a, sizeof *bu * (size_t)ns);
+	cr_assert_not_null(bu);
+	for (int32_t s = 0; s < ns; s++) {
+		reserved[s] = 1048576;
+		bu[s] = c->budgets[s];
+		bu[s].capacity_bytes -= reserved[s];
+	}
+	small.budgets = bu;
+	kiln_megatron_beside res = {.reserved_bytes = reserved};
+	cr_assert_eq(kiln_megatron_search(&small, 1.2, a, &r0, &m0, NULL), 0);
+	cr_assert_eq(kiln_megatron_search_beside(c, 1.2, &res, a, &r1, &m1, NULL), 0);
+	cr_expect_eq(memcmp(&r0, &r1, sizeof r0), 0);
+	cr_expect_eq(m0.fits, m1.fits);
+	cr_expect_eq(m0.worst_us, m1.worst_us);
+
+	/* What the stash leaves out, and nothing fitting (the whole device
+	 * reserved): the fallback is selective, without the modules left
+	 * out. */
+	for (int32_t s = 0; s < ns; s++)
+		reserved[s] = c->budgets[s].capacity_bytes;
+	kiln_megatron_beside st = {.no_recompute = KILN_MRC(MOE_ACT) | KILN_MRC(MOE),
+	                           .no_offload = KILN_MOF(EXPERT_FC1) | KILN_MOF(MOE_ACT) |
+	                                         KILN_MOF(FUSED_GROUP_MLP),
+	                           .no_full = true,
+	                           .reserved_bytes = reserved};
+	cr_assert_eq(kiln_megatron_search_beside(c, 1.2, &st, a, &r1, &m1, NULL), 0);
+	cr_expect(!m1.fits);
+	cr_expect_neq(r1.recompute, KILN_RECOMPUTE_FULL);
+	cr_expect_eq(r1.recompute_modules & st.no_recompute, 0);
+	cr_expect_eq(r1.offload_modules & st.no_offload, 0);
+	cr_expect_neq(r1.recompute_modules, 0);
+	/* Everything left out: no recompute, no offload. */
+	st.no_recompute = ~0u;
+	st.no_offload = ~0u;
+	cr_assert_eq(kiln_megatron_search_beside(c, 1.2, &st, a, &r1, &m1, NULL), 0);
+	cr_expect_eq(r1.recompute, KILN_RECOMPUTE_NONE);
+	cr_expect_eq(r1.offload_modules, 0);
+	for (int32_t i = 0; i < c->n_sets; i++)
+		for (int32_t u = 0; u < c->sets[i].n_units; u++)
+			cr_expect_eq(m1.tail[i][u], KILN_ACT_KEEP);
+	kiln_arena_free(a);
+}

@@ -29,6 +29,36 @@ typedef struct big_tiny {
 	kiln_compilation c;
 } big_tiny;
 
+/* big_tiny with extra (a top-level YAML section, or NULL) appended; the
+ * frontend's messages go to err. Returns kiln_frontend_load_buffer's
+ * status (the compilation only when it is 0). */
+static int big_tiny_setup_with(big_tiny *t, const char *extra, FILE *err)
+{
+	FILE *f = fopen(kt_src("examples/models/tiny.yaml"), "rb");
+	cr_assert_not_null(f);
+	static char text[1 << 16];
+	size_t len = fread(text, 1, sizeof text - 1, f);
+	fclose(f);
+	text[len] = 0;
+	char *at = strstr(text, "memory_gib: 0.009765625");
+	cr_assert_not_null(at);
+	memcpy(at, "memory_gib: 0.0625     ", strlen("memory_gib: 0.009765625"));
+	if (extra) {
+		cr_assert_lt(len + strlen(extra), sizeof text);
+		memcpy(text + len, extra, strlen(extra) + 1);
+		len += strlen(extra);
+	}
+	t->a = kiln_arena_new();
+	cr_assert_not_null(t->a);
+	kiln_model *m = NULL;
+	int rc = kiln_frontend_load_buffer("big-tiny.yaml", text, len, t->a, err, &m);
+	if (rc != 0)
+		return rc;
+	t->c = (kiln_compilation){.model = m, .arena = t->a, .solver = KILN_SOLVER_DP};
+	cr_assert_eq(kiln_pipeline_compile(&t->c, NULL, NULL, NULL, stderr), 0);
+	return 0;
+}
+
 static void big_tiny_setup(big_tiny *t)
 {
 	FILE *f = fopen(kt_src("examples/models/tiny.yaml"), "rb");
@@ -48,7 +78,12 @@ static void big_tiny_setup(big_tiny *t)
 	cr_assert_eq(kiln_pipeline_compile(&t->c, NULL, NULL, NULL, stderr), 0);
 }
 
-/* One run of megatron-paged-stash with flags (NULL: the defaults) on
+/* Megatron-Bridge's DeepSeek-V3 flags (KILN_SIM_STASH_DEFAULTS), given
+ * explicitly: the hand calculations below are sized with them. NULL asks
+ * for the factors chosen at the design load. */
+static const kiln_sim_stash_flags BRIDGE = {1.5, 1.2, 1.0, 64, 256};
+
+/* One run of megatron-paged-stash with flags (NULL: the chosen ones) on
  * loads, every rank followed (exact) or the statistical method. */
 static kiln_sim_result stash_run(big_tiny *t, const char *loads, int64_t iters, int exact,
                                  const kiln_sim_stash_flags *flags)
@@ -109,8 +144,9 @@ Test(sim_stash, buffers_are_sized_as_megatron_sizes_them)
 	big_tiny t;
 	big_tiny_setup(&t);
 	kiln_sim_policy *p;
-	cr_assert_eq(
-	    kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, 0, t.a, stderr, &p), 0);
+	cr_assert_eq(kiln_sim_policy_new_stash(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, 0,
+	                                       &BRIDGE, t.a, stderr, &p),
+	             0);
 	static const int64_t cuda[2] = {58, 39}, host[2] = {48, 32};
 	for (int32_t s = 0; s < 2; s++) {
 		kiln_sim_stash st;
@@ -142,18 +178,27 @@ Test(sim_stash, buffers_are_sized_as_megatron_sizes_them)
 	cr_expect_eq(kiln_sim_policy_stash(q, 0, &st), -1);
 	cr_expect_null(kiln_sim_policy_rerun(q));
 	cr_expect_null(kiln_sim_policy_recipe(q, NULL));
-	/* 64 MiB: keeping everything beside the stash fits at load 1.2. */
-	int fits = 0;
-	cr_expect_str_eq(kiln_sim_policy_recipe(p, &fits), "no recompute, no offload");
-	cr_expect(fits);
+	/* 64 MiB: keeping everything beside the stash fits at load 1.2, but
+	 * the budget does not take that load: 1.2 * 512 = 614.4 rows, 615 as
+	 * 308 + 307, padded to 512 + 512 = 1024 > 768. The flags print as a
+	 * command line carries them, with no recipe beside. */
+	int fits = 1;
+	cr_expect_str_eq(
+	    kiln_sim_policy_recipe(p, &fits),
+	    "--moe-paged-stash --moe-expert-rank-capacity-factor 1.5 "
+	    "--moe-paged-stash-buffer-size-factor-cuda 1.2 "
+	    "--moe-paged-stash-buffer-size-factor-cpu 1 --moe-paged-stash-page-size 64");
+	cr_expect(!fits);
 	kiln_sim_policy_free(p);
 	kiln_sim_policy_free(q);
 	kiln_arena_free(t.a);
 }
 
-/* On the shipped tiny (10 MiB), keeping everything beside the stash does
- * not fit at load 1.2; the recipe found says it fits, and at balanced
- * load (below the design load) it never runs out of memory. */
+/* On the shipped tiny (10 MiB) with the chosen factors, the flags say
+ * they fit at load 1.2, and at balanced load (below the design load) the
+ * run never runs out of memory nor reruns. With Bridge's factors keeping
+ * everything beside the stash does not fit there (10 MiB less the pages
+ * and the budget's buffers): the recipe found recomputes. */
 Test(sim_stash, recipe_fits_where_it_says_it_does, .timeout = 120)
 {
 	kiln_compilation c = *kt_compiled("examples/models/tiny.yaml", KILN_SOLVER_DP, false);
@@ -165,7 +210,12 @@ Test(sim_stash, recipe_fits_where_it_says_it_does, .timeout = 120)
 	int fits = 0;
 	const char *recipe = kiln_sim_policy_recipe(p, &fits);
 	cr_expect(fits, "%s", recipe);
-	cr_expect_str_neq(recipe, "no recompute, no offload");
+	kiln_sim_policy_free(p);
+	cr_assert_eq(kiln_sim_policy_new_stash(KILN_SIM_MEGATRON_PAGED_STASH, &c, NULL, 0, &BRIDGE,
+	                                       a, stderr, &p),
+	             0);
+	const char *bridge = kiln_sim_policy_recipe(p, NULL);
+	cr_expect_not_null(strstr(bridge, "--recompute-granularity selective"), "%s", bridge);
 	kiln_sim_policy_free(p);
 	kiln_load_profile *prof;
 	cr_assert_eq(kiln_load_parse("balanced", c.model->max_factor, a, stderr, &prof), 0);
@@ -195,8 +245,8 @@ Test(sim_stash, reruns_exactly_when_rows_exceed_the_receive_budget, .timeout = 1
 {
 	big_tiny t;
 	big_tiny_setup(&t);
-	kiln_sim_result in = spike_run(&t, 0, 3, 513, NULL);
-	kiln_sim_result over = spike_run(&t, 0, 3, 514, NULL);
+	kiln_sim_result in = spike_run(&t, 0, 3, 513, &BRIDGE);
+	kiln_sim_result over = spike_run(&t, 0, 3, 514, &BRIDGE);
 	cr_expect_eq(in.reruns, 0);
 	cr_expect_eq(in.stash_over_budget, 0);
 	cr_expect_eq(over.reruns, 1);
@@ -234,15 +284,16 @@ Test(sim_stash, padding_follows_each_experts_rows, .timeout = 120)
 		char text[256];
 		snprintf(text, sizeof text, fmt, split[c][0], split[c][1]);
 		char *path = kt_temp_file(".csv", text, strlen(text));
-		kiln_sim_result r = stash_run(&t, path, 2, 1, NULL);
+		kiln_sim_result r = stash_run(&t, path, 2, 1, &BRIDGE);
 		cr_expect_eq(r.reruns, c, "%d + %d", split[c][0], split[c][1]);
 		cr_expect_eq(r.stash_over_budget, c);
 		unlink(path);
 		free(path);
 	}
 	kiln_sim_policy *p;
-	cr_assert_eq(
-	    kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, 0, t.a, stderr, &p), 0);
+	cr_assert_eq(kiln_sim_policy_new_stash(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, 0,
+	                                       &BRIDGE, t.a, stderr, &p),
+	             0);
 	kiln_sim_stash st;
 	cr_assert_eq(kiln_sim_policy_stash(p, 1, &st), 0);
 	static const double quarter[2] = {0.25, 0.75}, half[2] = {0.5, 0.5};
@@ -394,4 +445,154 @@ Test(sim_stash, bad_flags_are_an_error)
 		free(msg);
 	}
 	kiln_arena_free(t.a);
+}
+
+/* Megatron's pages for a stage holding peak average rows at factor x:
+ * ceil(int(peak * x) / page) (paged_stash.py:551-632 and PagedStashBuffer,
+ * written out here from Megatron's code, not from sim/policy.c). */
+static int64_t megatron_pages(double peak, double x, double page)
+{
+	return (int64_t)ceil(floor(peak * x) / page);
+}
+
+/* The factors chosen at the design load on big_tiny (every byte fits):
+ * - capacity factor: 1.2 * 512 = 614.4 rows, 615 as 308 + 307, padded to
+ *   512 + 512 = 1024. Bridge's 1.5 gives a budget of 768 < 1024, so it is
+ *   raised to the next of Bridge's values, 2: floor(2 * 512) = 1024, the
+ *   average floor(1024 / 2) = 512; 1.4, 1.3 and 1.2 hold less, so 2 it is;
+ * - CPU factor: the least multiple of 0.1 with which both stages' pages
+ *   hold every in-flight layer at the budget (1024 rows: 16 pages each):
+ *   stage 0 2 * 3 = 6 tensors (peak 3072 average rows), stage 1 1 * 4 = 4
+ *   (peak 2048), a tensor whole on one side. Worked here by brute force
+ *   from Megatron's sizing for whatever CUDA factor was chosen.
+ * And the chosen flags beat Bridge's on the paper profile: at 1.5 nearly
+ * every step has a rank over the budget (a rerun), at 2 fewer. */
+Test(sim_stash, factors_are_chosen_at_the_design_load, .timeout = 300)
+{
+	big_tiny t;
+	big_tiny_setup(&t);
+	kiln_sim_policy *p;
+	cr_assert_eq(
+	    kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, 0, t.a, stderr, &p), 0);
+	kiln_sim_stash st[2];
+	for (int32_t s = 0; s < 2; s++)
+		cr_assert_eq(kiln_sim_policy_stash(p, s, &st[s]), 0);
+	double cuda = st[0].flags.cuda_factor;
+	cr_expect_eq(st[0].flags.rank_capacity_factor, 2);
+	cr_expect_eq(st[0].budget_rows, 1024);
+	cr_expect_eq(st[0].avg_rows, 512);
+	cr_expect_eq(st[0].flags.page_rows, 64);
+	cr_expect_eq(st[0].flags.align_rows, 256);
+	cr_expect(cuda >= 0 && cuda <= 2.0 + 1e-12, "%g", cuda);
+	cr_expect(fabs(cuda * 10 - round(cuda * 10)) < 1e-9, "%g", cuda);
+	static const double peak[2] = {3072, 2048}, tensors[2] = {6, 4};
+	double want = -1;
+	for (int k = 0; k <= 200 && want < 0; k++) {
+		int ok = 1;
+		for (int s = 0; s < 2; s++)
+			ok &= (double)(megatron_pages(peak[s], cuda, 64) / 16) +
+			          (double)(megatron_pages(peak[s], k / 10.0, 64) / 16) >=
+			      tensors[s];
+		if (ok)
+			want = k / 10.0;
+	}
+	for (int32_t s = 0; s < 2; s++) {
+		cr_expect_eq(st[s].flags.cpu_factor, want, "%g vs %g", st[s].flags.cpu_factor,
+		             want);
+		cr_expect_eq(st[s].cuda_pages, megatron_pages(peak[s], cuda, 64));
+		cr_expect_eq(st[s].host_pages, megatron_pages(peak[s], want, 64));
+	}
+	int fits = 0;
+	const char *flags = kiln_sim_policy_recipe(p, &fits);
+	cr_expect(fits, "%s", flags);
+	cr_expect_not_null(strstr(flags, "--moe-paged-stash --moe-expert-rank-capacity-factor 2 "),
+	                   "%s", flags);
+	kiln_sim_policy_free(p);
+	kiln_sim_result tuned = stash_run(&t, "paper", 6, 1, NULL);
+	kiln_sim_result bridge = stash_run(&t, "paper", 6, 1, &BRIDGE);
+	cr_expect_eq(bridge.reruns, 6);
+	cr_expect_lt(tuned.reruns, bridge.reruns);
+	cr_expect_gt(tuned.tokens_per_s, bridge.tokens_per_s);
+	kiln_arena_free(t.a);
+}
+
+/* The description's stash flags are kept: all four given, they are the
+ * stash's (stage 0 holds 3072 average rows, stage 1 2048; at 32-row
+ * pages CUDA 1.0 takes 96 and 64 pages, CPU 0.5 48 and 32); the CUDA
+ * factor alone given, it stays and the others are chosen: capacity 2 (as
+ * above) and the least CPU factor with which the pages hold the window at
+ * the budget: stage 0 has 48 CUDA pages (3 tensors of 16), the other 3
+ * need 48 host pages: int(3072 h) > 47 * 64 = 3008, h = 1.0 (0.9 gives
+ * ceil(2764 / 64) = 44); stage 1 32 CUDA pages, 2 tensors, 2 more need 32
+ * host pages: int(2048 h) > 1984, again 1.0. */
+Test(sim_stash, description_flags_are_kept, .timeout = 300)
+{
+	big_tiny t;
+	cr_assert_eq(big_tiny_setup_with(&t,
+	                                 "megatron:\n  moe_expert_rank_capacity_factor: 1.5\n"
+	                                 "  moe_paged_stash_buffer_size_factor_cuda: 1.0\n"
+	                                 "  moe_paged_stash_buffer_size_factor_cpu: 0.5\n"
+	                                 "  moe_paged_stash_page_size: 32\n",
+	                                 stderr),
+	             0);
+	kiln_sim_policy *p;
+	cr_assert_eq(
+	    kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, 0, t.a, stderr, &p), 0);
+	static const int64_t cuda[2] = {96, 64}, host[2] = {48, 32};
+	for (int32_t s = 0; s < 2; s++) {
+		kiln_sim_stash st;
+		cr_assert_eq(kiln_sim_policy_stash(p, s, &st), 0);
+		cr_expect_eq(st.flags.rank_capacity_factor, 1.5);
+		cr_expect_eq(st.flags.cuda_factor, 1.0);
+		cr_expect_eq(st.flags.cpu_factor, 0.5);
+		cr_expect_eq(st.flags.page_rows, 32);
+		cr_expect_eq(st.budget_rows, 768);
+		cr_expect_eq(st.cuda_pages, cuda[s], "stage %d: %lld", s, (long long)st.cuda_pages);
+		cr_expect_eq(st.host_pages, host[s], "stage %d: %lld", s, (long long)st.host_pages);
+	}
+	kiln_sim_policy_free(p);
+	kiln_arena_free(t.a);
+
+	cr_assert_eq(big_tiny_setup_with(
+	                 &t, "megatron:\n  moe_paged_stash_buffer_size_factor_cuda: 1.0\n", stderr),
+	             0);
+	cr_assert_eq(
+	    kiln_sim_policy_new(KILN_SIM_MEGATRON_PAGED_STASH, &t.c, NULL, 0, t.a, stderr, &p), 0);
+	static const int64_t cuda1[2] = {48, 32}, host1[2] = {48, 32};
+	for (int32_t s = 0; s < 2; s++) {
+		kiln_sim_stash st;
+		cr_assert_eq(kiln_sim_policy_stash(p, s, &st), 0);
+		cr_expect_eq(st.flags.rank_capacity_factor, 2);
+		cr_expect_eq(st.flags.cuda_factor, 1.0);
+		cr_expect_eq(st.flags.cpu_factor, 1.0, "%g", st.flags.cpu_factor);
+		cr_expect_eq(st.cuda_pages, cuda1[s], "stage %d", s);
+		cr_expect_eq(st.host_pages, host1[s], "stage %d", s);
+	}
+	kiln_sim_policy_free(p);
+	kiln_arena_free(t.a);
+}
+
+/* Stash flags the description cannot carry are an error at the key. */
+Test(sim_stash, bad_description_flags_are_an_error)
+{
+	static const char *const bad[] = {
+	    "megatron:\n  moe_paged_stash_buffer_size_factor_cuda: -1.1\n",
+	    "megatron:\n  moe_paged_stash_buffer_size_factor_cpu: -0.5\n",
+	    "megatron:\n  moe_expert_rank_capacity_factor: 0\n",
+	    "megatron:\n  moe_paged_stash_page_size: 0\n",
+	};
+	static const char *const key[] = {
+	    "moe_paged_stash_buffer_size_factor_cuda", "moe_paged_stash_buffer_size_factor_cpu",
+	    "moe_expert_rank_capacity_factor", "moe_paged_stash_page_size"};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char *msg = NULL;
+		size_t len = 0;
+		FILE *err = open_memstream(&msg, &len);
+		big_tiny t;
+		cr_expect_neq(big_tiny_setup_with(&t, bad[i], err), 0, "case %zu", i);
+		fclose(err);
+		cr_expect_not_null(strstr(msg, key[i]), "case %zu: %s", i, msg);
+		free(msg);
+		kiln_arena_free(t.a);
+	}
 }

@@ -634,7 +634,7 @@ int kilnc_simulate(int argc, char **argv)
 				       kiln_sim_policy_name(res[k].policy), res[k].flags);
 		for (int32_t k = 0; k < n; k++)
 			if (res[k].recipe)
-				printf("\n%s runs beside the stash: %s (%s at load %.1f)\n",
+				printf("\n%s: %s (%s at load %.1f)\n",
 				       kiln_sim_policy_name(res[k].policy), res[k].recipe,
 				       res[k].recipe_fits ? "fits" : "does not fit",
 				       KILN_BASELINE_DESIGN_LOAD);
