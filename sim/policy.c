@@ -120,13 +120,20 @@ struct kiln_sim_policy {
 	 * checkpointed); actions is the plan otherwise. */
 	const uint8_t **hot_actions;
 	cost *hot_costs;
-	/* megatron with block recompute: the block layers' plan, and per
-	 * model layer whether it is in the block. */
-	const uint8_t **head_actions;
-	cost *head_costs;
-	plan_form **head_forms;
-	uint8_t *in_block;
+	/* Layers recomputed in full beside the policy's plan, one mechanism
+	 * for both block methods: megatron's --recompute-method block (the
+	 * first recompute_num_layers transformer layers of each model chunk
+	 * on a stage) and mindspeed's --recompute-num-layers (the first
+	 * full_layers model layers of each stage). full_layer[model layer] 1
+	 * for such a layer (NULL: the policy has none); per set the full
+	 * recompute plan, its costs and its form; full_layers the block's
+	 * size (0: no layer in it). */
 	int32_t n_model_layers;
+	int32_t full_layers;
+	uint8_t *full_layer;
+	const uint8_t **full_actions;
+	cost *full_costs;
+	plan_form **full_forms;
 	/* megatron-capacity: the capacity factor; every expert processes
 	 * exactly its capacity (padded). */
 	double cf;
@@ -137,15 +144,6 @@ struct kiln_sim_policy {
 	cost **frontier_costs;
 	/* Static policies: per set the form of actions (and hot_actions). */
 	plan_form **forms, **hot_forms;
-	/* mindspeed: --recompute-method block --recompute-num-layers
-	 * full_layers, the first full_layers model layers of every stage
-	 * recomputed in full (full_layer[model layer] 1); per set the full
-	 * recompute plan, its costs and form. */
-	int32_t full_layers; /* n_model_layers: above */
-	uint8_t *full_layer;
-	const uint8_t **full_actions;
-	cost *full_costs;
-	plan_form **full_forms;
 	/* Adaptive policies: per (set, plan pool index) the plan's form, built
 	 * on first use (sets with the same units share pool plans). */
 	plan_form **plan_forms;
@@ -282,6 +280,39 @@ static const uint8_t *steady_actions(const kiln_compilation *c, int32_t set)
 	return c->pool->actions[t->plan[bu->steady_point[k]]];
 }
 
+/* The one fill path of the layers recomputed in full (struct
+ * kiln_sim_policy, full_layer): per set the plan actions[set] (borrowed:
+ * pool- or arena-owned, outliving p), its form, its costs (scheduled on
+ * first use), and no layer marked yet. Returns 0, or -1 on exhaustion. */
+static int full_prepare(kiln_sim_policy *p, const uint8_t *const *actions, kiln_arena *a)
+{
+	const kiln_compilation *c = p->c;
+	const kiln_ir_graph *g = c->graph;
+	int32_t ns = c->n_sets, nb = c->n_buckets;
+	for (int32_t l = 0; l < g->n_layers; l++)
+		p->n_model_layers = g->layers[l].index + 1 > p->n_model_layers
+		                        ? g->layers[l].index + 1
+		                        : p->n_model_layers;
+	p->full_layers = 0;
+	p->full_layer = kiln_arena_alloc(a, (size_t)p->n_model_layers + 1);
+	p->full_actions = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
+	p->full_costs = kiln_arena_alloc(a, sizeof(cost) * ((size_t)ns * (size_t)nb + 1));
+	p->full_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(ns + 1));
+	if (!p->full_layer || !p->full_actions || !p->full_costs || !p->full_forms)
+		return -1;
+	memset(p->full_layer, 0, (size_t)p->n_model_layers + 1);
+	for (int32_t k = 0; k < ns; k++) {
+		p->full_actions[k] = actions[k];
+		p->full_forms[k] =
+		    form_build(p, k, p->full_actions[k], kiln_arena_alloc(a, sizeof(plan_form)));
+		if (!p->full_forms[k])
+			return -1;
+		for (int32_t b = 0; b < nb; b++)
+			p->full_costs[(size_t)k * nb + b] = (cost){NAN, NAN, NAN};
+	}
+	return 0;
+}
+
 /* megatron's block layers, and megatron-capacity's plan: the
  * description's recipe, else the search's at the capacity factor (the
  * load every rank then carries). */
@@ -331,25 +362,13 @@ static int prepare_megatron(kiln_sim_policy *p, kiln_arena *a)
 	}
 	if (!head)
 		return 0;
-	const kiln_ir_graph *g = c->graph;
-	p->n_model_layers = 0;
-	for (int32_t l = 0; l < g->n_layers; l++)
-		if (g->layers[l].index >= p->n_model_layers)
-			p->n_model_layers = g->layers[l].index + 1;
-	p->in_block = kiln_arena_alloc(a, (size_t)p->n_model_layers + 1);
-	p->head_actions = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
-	p->head_costs = kiln_arena_alloc(a, sizeof(cost) * (size_t)(ns + 1) * (size_t)c->n_buckets);
-	if (!p->in_block || !p->head_actions || !p->head_costs)
+	if (full_prepare(p, head, a) != 0)
 		return -1;
-	memset(p->in_block, 0, (size_t)p->n_model_layers + 1);
+	const kiln_ir_graph *g = c->graph;
+	p->full_layers = block;
 	for (int32_t l = 0; l < g->n_layers; l++)
 		if (g->layers[l].index >= 0)
-			p->in_block[g->layers[l].index] = kiln_megatron_in_block(g, l, block);
-	for (int32_t k = 0; k < ns; k++) {
-		p->head_actions[k] = head[k];
-		for (int32_t b = 0; b < c->n_buckets; b++)
-			p->head_costs[(size_t)k * c->n_buckets + b] = (cost){NAN, NAN, NAN};
-	}
+			p->full_layer[g->layers[l].index] = kiln_megatron_in_block(g, l, block);
 	return 0;
 }
 
@@ -540,31 +559,18 @@ static int mindspeed_block(kiln_sim_policy *p, kiln_arena *a)
 {
 	const kiln_compilation *c = p->c;
 	const kiln_ir_graph *g = c->graph;
-	int32_t ns = c->n_sets, nb = c->n_buckets, most = 0;
-	for (int32_t l = 0; l < g->n_layers; l++)
-		p->n_model_layers = g->layers[l].index + 1 > p->n_model_layers
-		                        ? g->layers[l].index + 1
-		                        : p->n_model_layers;
+	int32_t ns = c->n_sets, most = 0;
 	for (int32_t s = 0; s < g->n_stages; s++)
 		most = g->stages[s].layer_end - g->stages[s].layer_begin > most
 		           ? g->stages[s].layer_end - g->stages[s].layer_begin
 		           : most;
-	p->full_layer = kiln_arena_alloc(a, (size_t)p->n_model_layers + 1);
-	p->full_actions = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
-	p->full_costs = kiln_arena_alloc(a, sizeof(cost) * ((size_t)ns * (size_t)nb + 1));
-	p->full_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(ns + 1));
-	if (!p->full_layer || !p->full_actions || !p->full_costs || !p->full_forms)
+	const uint8_t **full = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
+	if (!full)
 		return -1;
-	for (int32_t k = 0; k < ns; k++) {
-		p->full_actions[k] =
-		    c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[k]];
-		p->full_forms[k] =
-		    form_build(p, k, p->full_actions[k], kiln_arena_alloc(a, sizeof(plan_form)));
-		if (!p->full_forms[k])
-			return -1;
-		for (int32_t b = 0; b < nb; b++)
-			p->full_costs[(size_t)k * nb + b] = (cost){NAN, NAN, NAN};
-	}
+	for (int32_t k = 0; k < ns; k++)
+		full[k] = c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[k]];
+	if (full_prepare(p, full, a) != 0)
+		return -1;
 	int32_t n = 0;
 	while (n < most && !mindspeed_fits(p, n, 0))
 		n++;
@@ -1117,8 +1123,7 @@ int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const kiln_compilation *c,
 	} else {
 		p->forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
 		p->hot_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
-		p->head_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
-		if (!p->forms || !p->hot_forms || !p->head_forms)
+		if (!p->forms || !p->hot_forms)
 			return -1;
 		for (int32_t s = 0; s < c->n_sets; s++) {
 			p->forms[s] =
@@ -1127,11 +1132,7 @@ int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const kiln_compilation *c,
 			                      ? form_build(p, s, p->hot_actions[s],
 			                                   kiln_arena_alloc(a, sizeof(plan_form)))
 			                      : p->forms[s];
-			p->head_forms[s] = p->head_actions
-			                       ? form_build(p, s, p->head_actions[s],
-			                                    kiln_arena_alloc(a, sizeof(plan_form)))
-			                       : p->forms[s];
-			if (!p->forms[s] || !p->hot_forms[s] || !p->head_forms[s])
+			if (!p->forms[s] || !p->hot_forms[s])
 				return -1;
 		}
 		if ((k == KILN_SIM_MINDSPEED && mindspeed_block(p, a) != 0) ||
@@ -1192,17 +1193,8 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	const kiln_compilation *c = p->c;
 	const kiln_unit_set *S = &c->sets[set];
 	if (!p->rt) {
-		if (p->in_block && layer >= 0 && layer < p->n_model_layers && p->in_block[layer]) {
-			/* megatron's block layers: full recompute. */
-			double r;
-			n = kiln_sim_policy_rows(p, set, n);
-			int32_t b = kiln_sim_policy_bucket(c, set, n, &r);
-			fill(p, p->head_forms[set], n,
-			     static_cost(p, p->head_costs, p->head_actions[set], set, b), out);
-			return;
-		}
-		/* mindspeed without its trigger state: the untriggered plan
-		 * (kiln_sim_policy_decide_triggered decides with it). */
+		/* A static policy, its full-recompute layers included;
+		 * mindspeed without its trigger state: the untriggered plan. */
 		kiln_sim_policy_decide_triggered(p, set, layer, n, 0, out);
 		return;
 	}
@@ -1307,11 +1299,6 @@ int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const u
 			co = static_cost(p, p->costs, p->actions[set], set, k);
 			ex = p->serial ? co->serial_us : co->exposed_us;
 			most = ex > most ? ex : most;
-			if (p->head_actions) {
-				co = static_cost(p, p->head_costs, p->head_actions[set], set, k);
-				ex = p->serial ? co->serial_us : co->exposed_us;
-				most = ex > most ? ex : most;
-			}
 		}
 		if (hot) {
 			co = static_cost(p, p->hot_costs, p->hot_actions[set], set, k);
@@ -1333,7 +1320,7 @@ int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *r
 {
 	if (p->rt || !p->forms || p->kind == KILN_SIM_MEGATRON_PAGED_STASH)
 		return -1;
-	const plan_form *fs[4] = {p->forms[set], p->hot_forms[set], p->head_forms[set],
+	const plan_form *fs[3] = {p->forms[set], p->hot_forms[set],
 	                          p->full_forms && p->full_layers > 0 ? p->full_forms[set]
 	                                                              : p->forms[set]};
 	*res_base = *res_per_n = *tr_base = *tr_per_n = 0;
@@ -1342,7 +1329,7 @@ int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *r
 	double pad = p->kind == KILN_SIM_MEGATRON_CAPACITY && S->kind == KILN_LAYER_MOE
 	                 ? p->cf * p->c->graph->layers[S->layer].n_balanced
 	                 : -1;
-	for (int j = 0; j < 4; j++) {
+	for (int j = 0; j < 3; j++) {
 		const plan_form *f = fs[j];
 		double rb = f->res_base, rn = f->res_per_n, tb = f->tr_base, tn = f->tr_per_n;
 		if (pad >= 0) {
