@@ -101,6 +101,7 @@ typedef struct plan_form {
 	int32_t set;
 	double res_base, res_per_n;
 	double tr_base, tr_per_n;
+	double ws_base, ws_per_n; /* of the transient: the recompute workspace */
 } plan_form;
 
 /* Costs of one plan at one bucket's upper edge. */
@@ -134,6 +135,14 @@ struct kiln_sim_policy {
 	const uint8_t **full_actions;
 	cost *full_costs;
 	plan_form **full_forms;
+	/* megatron with --recompute-method uniform --recompute-num-layers N >
+	 * 1: every layer is recomputed in full, in checkpointed chunks of
+	 * chunk_layers; full_layer marks each chunk's first layer
+	 * FULL_CHUNK_HEAD and the others FULL_CHUNK_REST, whose form
+	 * (chunk_forms, per set) keeps nothing: their input is rebuilt with
+	 * the chunk, in the chunk's backward transient. */
+	int32_t chunk_layers;
+	plan_form **chunk_forms;
 	/* megatron-capacity: the capacity factor; every expert processes
 	 * exactly its capacity (padded). */
 	double cf;
@@ -168,7 +177,7 @@ static plan_form *form_build(const kiln_sim_policy *p, int32_t set, const uint8_
 	if (!f)
 		return NULL;
 	const kiln_unit_set *S = &p->c->sets[set];
-	uint64_t res_base = 0, res_per_n = 0, tr_base = 0, tr_per_n = 0;
+	uint64_t res_base = 0, res_per_n = 0, tr_base = 0, tr_per_n = 0, ws_base = 0, ws_per_n = 0;
 	for (int32_t u = 0; u < S->n_units; u++) {
 		const kiln_unit *un = &S->units[u];
 		if (actions[u] == KILN_ACT_KEEP) {
@@ -178,13 +187,17 @@ static plan_form *form_build(const kiln_sim_policy *p, int32_t set, const uint8_
 			int ws = actions[u] == KILN_ACT_RECOMPUTE;
 			tr_base += un->bytes.base + (ws ? un->workspace_bytes.base : 0);
 			tr_per_n += un->bytes.per_n + (ws ? un->workspace_bytes.per_n : 0);
+			ws_base += ws ? un->workspace_bytes.base : 0;
+			ws_per_n += ws ? un->workspace_bytes.per_n : 0;
 		}
 	}
 	*f = (plan_form){.set = set,
 	                 .res_base = (double)res_base,
 	                 .res_per_n = (double)res_per_n,
 	                 .tr_base = (double)tr_base,
-	                 .tr_per_n = (double)tr_per_n};
+	                 .tr_per_n = (double)tr_per_n,
+	                 .ws_base = (double)ws_base,
+	                 .ws_per_n = (double)ws_per_n};
 	return f;
 }
 
@@ -280,6 +293,9 @@ static const uint8_t *steady_actions(const kiln_compilation *c, int32_t set)
 	return c->pool->actions[t->plan[bu->steady_point[k]]];
 }
 
+/* What full_layer says of a model layer. */
+enum { FULL_NONE, FULL_BLOCK, FULL_CHUNK_HEAD, FULL_CHUNK_REST };
+
 /* The one fill path of the layers recomputed in full (struct
  * kiln_sim_policy, full_layer): per set the plan actions[set] (borrowed:
  * pool- or arena-owned, outliving p), its form, its costs (scheduled on
@@ -360,11 +376,43 @@ static int prepare_megatron(kiln_sim_policy *p, kiln_arena *a)
 		memcpy(f, buf, strlen(buf) + 1);
 		p->flags = f;
 	}
+	const kiln_ir_graph *g = c->graph;
+	if (r.recompute == KILN_RECOMPUTE_FULL && r.recompute_method == KILN_RECOMPUTE_UNIFORM &&
+	    r.recompute_num_layers > 1) {
+		/* Uniform chunks (passes/baselines.c, uniform_fits): every
+		 * layer takes the full plan; a chunk's later layers keep
+		 * nothing. */
+		int32_t k = (int32_t)(r.recompute_num_layers < INT32_MAX ? r.recompute_num_layers
+		                                                         : INT32_MAX);
+		if (full_prepare(p, p->actions, a) != 0)
+			return -1;
+		p->full_layers = k;
+		p->chunk_layers = k;
+		p->chunk_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(ns + 1));
+		if (!p->chunk_forms)
+			return -1;
+		for (int32_t i = 0; i < ns; i++) {
+			plan_form *f = kiln_arena_alloc(a, sizeof(plan_form));
+			if (!f)
+				return -1;
+			*f = *p->full_forms[i];
+			f->tr_base += f->res_base;
+			f->tr_per_n += f->res_per_n;
+			f->res_base = f->res_per_n = 0;
+			p->chunk_forms[i] = f;
+		}
+		for (int32_t l = 0; l < g->n_layers; l++) {
+			int32_t pos = kiln_megatron_chunk_pos(g, l);
+			if (pos >= 0 && g->layers[l].index < p->n_model_layers)
+				p->full_layer[g->layers[l].index] =
+				    pos % k == 0 ? FULL_CHUNK_HEAD : FULL_CHUNK_REST;
+		}
+		return 0;
+	}
 	if (!head)
 		return 0;
 	if (full_prepare(p, head, a) != 0)
 		return -1;
-	const kiln_ir_graph *g = c->graph;
 	p->full_layers = block;
 	for (int32_t l = 0; l < g->n_layers; l++)
 		if (g->layers[l].index >= 0)
@@ -1165,8 +1213,10 @@ static void fill(const kiln_sim_policy *p, const plan_form *f, double n, const c
 	double ex = p->serial ? co->serial_us : co->exposed_us;
 	double rec = co->recompute_us < ex ? co->recompute_us : ex;
 	/* Whole bytes, as a device holds them (and as accounting counts). */
+	double ws = f->ws_base + f->ws_per_n * n;
 	*out = (kiln_sim_choice){.resident_bytes = ceil(resident - 1e-6),
 	                         .transient_bytes = ceil(transient - 1e-6),
+	                         .workspace_bytes = ceil(ws - 1e-6),
 	                         .exposed_us = ex,
 	                         .recompute_us = rec,
 	                         .copy_us = ex - rec};
@@ -1259,10 +1309,15 @@ void kiln_sim_policy_decide_triggered(const kiln_sim_policy *p, int32_t set, int
 	double r;
 	n = kiln_sim_policy_rows(p, set, n);
 	int32_t b = kiln_sim_policy_bucket(p->c, set, n, &r);
-	if (p->full_layer && layer >= 0 && layer < p->n_model_layers && p->full_layer[layer])
-		fill(p, p->full_forms[set], n,
+	int role = p->full_layer && layer >= 0 && layer < p->n_model_layers ? p->full_layer[layer]
+	                                                                    : FULL_NONE;
+	if (role != FULL_NONE) {
+		/* A chunk's later layers cost what a full layer costs (each
+		 * layer's forward re-runs once) and keep nothing. */
+		fill(p, role == FULL_CHUNK_REST ? p->chunk_forms[set] : p->full_forms[set], n,
 		     static_cost(p, p->full_costs, p->full_actions[set], set, b), out);
-	else if (triggered && p->hot_actions && p->c->sets[set].kind == KILN_LAYER_MOE)
+		out->chunk = role == FULL_CHUNK_HEAD ? 1 : role == FULL_CHUNK_REST ? 2 : 0;
+	} else if (triggered && p->hot_actions && p->c->sets[set].kind == KILN_LAYER_MOE)
 		fill(p, p->hot_forms[set], n,
 		     static_cost(p, p->hot_costs, p->hot_actions[set], set, b), out);
 	else
@@ -1320,16 +1375,17 @@ int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *r
 {
 	if (p->rt || !p->forms || p->kind == KILN_SIM_MEGATRON_PAGED_STASH)
 		return -1;
-	const plan_form *fs[3] = {p->forms[set], p->hot_forms[set],
+	const plan_form *fs[4] = {p->forms[set], p->hot_forms[set],
 	                          p->full_forms && p->full_layers > 0 ? p->full_forms[set]
-	                                                              : p->forms[set]};
+	                                                              : p->forms[set],
+	                          p->chunk_forms ? p->chunk_forms[set] : p->forms[set]};
 	*res_base = *res_per_n = *tr_base = *tr_per_n = 0;
 	/* Padded to capacity, a set's rows are the same at every load. */
 	const kiln_unit_set *S = &p->c->sets[set];
 	double pad = p->kind == KILN_SIM_MEGATRON_CAPACITY && S->kind == KILN_LAYER_MOE
 	                 ? p->cf * p->c->graph->layers[S->layer].n_balanced
 	                 : -1;
-	for (int j = 0; j < 3; j++) {
+	for (int j = 0; j < 4; j++) {
 		const plan_form *f = fs[j];
 		double rb = f->res_base, rn = f->res_per_n, tb = f->tr_base, tn = f->tr_per_n;
 		if (pad >= 0) {
@@ -1341,6 +1397,14 @@ int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *r
 		*res_per_n = rn > *res_per_n ? rn : *res_per_n;
 		*tr_base = tb > *tr_base ? tb : *tr_base;
 		*tr_per_n = tn > *tr_per_n ? tn : *tr_per_n;
+	}
+	if (p->chunk_layers > 1) {
+		/* A uniform chunk's backward holds up to chunk_layers layers'
+		 * transients at once (sim.c sums them), each within the line
+		 * above and a byte of rounding: the caller adds one byte. */
+		double k = (double)p->chunk_layers;
+		*tr_base = *tr_base * k + (k - 1);
+		*tr_per_n *= k;
 	}
 	return 0;
 }

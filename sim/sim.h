@@ -305,6 +305,13 @@ double kiln_sim_capacity_factor(const kiln_model *m, double cf);
 typedef struct kiln_sim_choice {
 	double resident_bytes;  /* held from the layer's forward to its backward */
 	double transient_bytes; /* extra during the layer's backward (rebuilt units, workspace) */
+	double workspace_bytes; /* of which the recompute workspace */
+	/* Megatron's uniform chunks (--recompute-method uniform
+	 * --recompute-num-layers N > 1): 1 for a chunk's first layer, 2 for
+	 * the others, 0 outside one. A chunk's layers are rebuilt together in
+	 * its backward, so the simulator adds their transients (the largest
+	 * workspace once): sim.c, run_rank. */
+	int chunk;
 	double exposed_us;      /* extra time on the critical path */
 	double recompute_us;    /* of which recompute */
 	double copy_us;         /* of which copies (exposed share) */
