@@ -147,15 +147,31 @@ static bool baseline_fits(const kiln_compilation *c, const kiln_baseline *bl, ki
 
 /* ---------------------------------------------------------------- Megatron recipes */
 
-bool kiln_megatron_in_block(const kiln_ir_graph *g, int32_t l, int32_t block_layers)
+int32_t kiln_megatron_chunk_pos(const kiln_ir_graph *g, int32_t l)
 {
 	const kiln_ir_layer *ly = &g->layers[l];
-	if (ly->index < 0 || block_layers <= 0)
-		return false;
+	if (ly->index < 0)
+		return -1;
 	int32_t ord = 0;
 	for (int32_t j = g->stages[ly->stage].layer_begin; j < l; j++)
 		ord += g->layers[j].index >= 0 && g->layers[j].chunk == ly->chunk;
-	return ord < block_layers;
+	return ord;
+}
+
+bool kiln_megatron_in_block(const kiln_ir_graph *g, int32_t l, int32_t block_layers)
+{
+	int32_t ord = kiln_megatron_chunk_pos(g, l);
+	return ord >= 0 && block_layers > 0 && ord < block_layers;
+}
+
+/* The unit set of graph layer l (its stage's set of its kind), or -1. */
+static int32_t set_of_layer(const kiln_compilation *c, int32_t l)
+{
+	const kiln_ir_layer *ly = &c->graph->layers[l];
+	for (int32_t i = 0; i < c->n_sets; i++)
+		if (c->sets[i].stage == ly->stage && c->sets[i].kind == ly->kind)
+			return i;
+	return -1;
 }
 
 /* Megatron skips offloading tensors below min_offloaded_tensor_size
@@ -338,6 +354,7 @@ typedef struct shape {
 	uint32_t rmods, omods;
 	bool full;
 	int32_t block;
+	int32_t chunk; /* full uniform: layers per checkpointed chunk (0, 1: one) */
 } shape;
 
 static shape shape_of(const kiln_megatron *r)
@@ -349,6 +366,10 @@ static shape shape_of(const kiln_megatron *r)
 		sh.full = true;
 		if (r->recompute_method == KILN_RECOMPUTE_BLOCK && r->recompute_num_layers > 0)
 			sh.block =
+			    (int32_t)(r->recompute_num_layers < INT32_MAX ? r->recompute_num_layers
+			                                                  : INT32_MAX);
+		if (r->recompute_method == KILN_RECOMPUTE_UNIFORM && r->recompute_num_layers > 1)
+			sh.chunk =
 			    (int32_t)(r->recompute_num_layers < INT32_MAX ? r->recompute_num_layers
 			                                                  : INT32_MAX);
 	}
@@ -378,17 +399,62 @@ static void shape_actions(const recipes *w, const shape *sh, uint8_t **tail, uin
 	}
 }
 
+/* Whether stage s fits at w's load under full recompute with the uniform
+ * method in chunks of `chunk` transformer layers, tail[i] being set i's
+ * full-recompute plan. Megatron-LM (megatron/core/recompute.py:157-166 at
+ * d98e8a64) checkpoints each run of `chunk` consecutive layers of a model
+ * chunk as one tensor_parallel.checkpoint: its forward saves the chunk's
+ * input alone (tensor_parallel/random.py:616-628) and its backward re-runs
+ * the whole chunk's forward with grad, then runs the chunk's backward
+ * (random.py:656-668). So per micro-batch only the chunks' first layers
+ * keep their input, and the chunk in backward holds every tensor its
+ * layers save at once (the later layers' inputs among them) beside the
+ * largest workspace of one of its ops. Counted as stage_fits counts a plan
+ * (passes/budget.c, choice_bytes): in-flight micro-batches times the
+ * resident bytes, plus the largest transient. chunk 1 gives stage_fits'
+ * answer for the same plan. */
+static bool uniform_fits(const recipes *w, int32_t s, uint8_t *const *tail, int32_t chunk)
+{
+	const kiln_compilation *c = w->c;
+	const kiln_ir_graph *g = c->graph;
+	const kiln_stage_budget *bu = &c->budgets[s];
+	double resident = bu->fixed_bytes, worst = 0, saved = 0, ws = 0;
+	for (int32_t l = g->stages[s].layer_begin; l < g->stages[s].layer_end; l++) {
+		int32_t pos = kiln_megatron_chunk_pos(g, l), i = set_of_layer(c, l);
+		if (pos < 0 || i < 0)
+			continue;
+		kiln_plan_bytes b;
+		kiln_plan_bytes_at(&c->sets[i], tail[i], w->n[i], &b);
+		/* A full-recompute plan offloads nothing: its transient is
+		 * what it rebuilds plus the rebuilding ops' workspace. */
+		double lws = b.transient - b.saved;
+		if (pos % chunk == 0) {
+			resident += b.resident;
+			saved = b.saved;
+			ws = lws;
+		} else {
+			saved += b.resident + b.saved;
+			ws = lws > ws ? lws : ws;
+		}
+		worst = saved + ws > worst ? saved + ws : worst;
+	}
+	return bu->inflight * resident + worst <= bu->capacity_bytes - bu->static_bytes;
+}
+
 /* Fit and objective of the actions shape_actions made. Returns 0, or -1
  * when a schedule failed. */
 static int judge(recipes *w, uint8_t **tail, uint8_t **head, const int32_t *n_tail,
-                 const int32_t *n_head, bool block, bool *out_fits, double *out_worst,
-                 double *out_sum, bool price)
+                 const int32_t *n_head, bool block, int32_t chunk, bool *out_fits,
+                 double *out_worst, double *out_sum, bool price)
 {
 	const kiln_compilation *c = w->c;
 	bool fits = true;
 	for (int32_t s = 0; s < c->graph->n_stages && fits; s++)
-		fits =
-		    stage_fits(c, s, w->load, tail, block ? head : NULL, n_tail, n_head, w->beside);
+		/* Uniform chunks (full recompute) never run beside the stash,
+		 * which leaves full recompute out (beside->no_full). */
+		fits = chunk > 1 ? uniform_fits(w, s, tail, chunk)
+		                 : stage_fits(c, s, w->load, tail, block ? head : NULL, n_tail,
+		                              n_head, w->beside);
 	*out_fits = fits;
 	*out_worst = *out_sum = 0;
 	if (!price)
@@ -439,7 +505,9 @@ static int eval_with(recipes *w, const kiln_megatron *r, kiln_arena *a, kiln_meg
 	shape sh = shape_of(r);
 	bool block;
 	shape_actions(w, &sh, out->tail, out->head, out->n_tail, out->n_head, &block);
-	if (judge(w, out->tail, out->head, out->n_tail, out->n_head, block, &out->fits,
+	/* Uniform chunks re-run each layer's forward once, as one layer
+	 * chunks do: the same time, other bytes (uniform_fits). */
+	if (judge(w, out->tail, out->head, out->n_tail, out->n_head, block, sh.chunk, &out->fits,
 	          &out->worst_us, &out->exposed_us, true) != 0)
 		return -1;
 	if (!block)
@@ -544,14 +612,21 @@ int kiln_megatron_search_beside(const kiln_compilation *c, double load,
 	bool found = false;
 	double best_worst = INFINITY, best_sum = INFINITY;
 	int64_t n_cand = 0, n_fit = 0;
-	/* Enumerate: (granularity, block) x recompute subset x offload subset. */
-	int32_t n_full = full_ok ? w.max_block : 0; /* 0: uniform; 1..max-1: block */
-	for (int32_t mode = -1; mode <= n_full; mode++) {
-		/* mode -1: selective or none; 0: full uniform; k: full block k */
-		if (mode > 0 && mode >= w.max_block)
+	/* Enumerate: (granularity, method, layers) x recompute subset x
+	 * offload subset. Full recompute takes uniform chunks of 1 .. max
+	 * layers (a longer chunk is the whole model chunk again) and blocks of
+	 * 1 .. max - 1 (a block of every layer is uniform 1). */
+	int32_t n_full = full_ok ? w.max_block : 0;
+	for (int32_t mode = -1; mode < 2 * n_full; mode++) {
+		/* mode -1: selective or none; 0 .. n_full - 1: full uniform,
+		 * mode + 1 layers per chunk; n_full ..: full block, mode -
+		 * n_full + 1 layers */
+		bool uniform = mode >= 0 && mode < n_full;
+		int32_t layers = uniform ? mode + 1 : mode - n_full + 1;
+		if (mode >= n_full && layers >= w.max_block)
 			continue;
 		uint32_t rset = mode == -1 ? any_r : 0;
-		uint32_t oset = mode == 0 ? 0 : any_o;
+		uint32_t oset = uniform ? 0 : any_o;
 		for (uint32_t R = 0;; R = (R - rset) & rset) {
 			/* moe's region holds moe_act's and shared_experts': with it
 			 * they add a flag and nothing else (dominance). */
@@ -570,10 +645,10 @@ int kiln_megatron_search_beside(const kiln_compilation *c, double load,
 						r.recompute_modules = R;
 					} else {
 						r.recompute = KILN_RECOMPUTE_FULL;
-						r.recompute_method = mode == 0
+						r.recompute_method = uniform
 						                         ? KILN_RECOMPUTE_UNIFORM
 						                         : KILN_RECOMPUTE_BLOCK;
-						r.recompute_num_layers = mode == 0 ? 1 : mode;
+						r.recompute_num_layers = layers;
 					}
 					n_cand++;
 					shape sh = shape_of(&r);
@@ -583,12 +658,12 @@ int kiln_megatron_search_beside(const kiln_compilation *c, double load,
 					              cand.n_head, &block);
 					/* Bytes first: only a recipe that fits is scheduled. */
 					judge(&w, cand.tail, cand.head, cand.n_tail, cand.n_head,
-					      block, &fits, &worst, &sum, false);
+					      block, sh.chunk, &fits, &worst, &sum, false);
 					if (fits) {
 						n_fit++;
 						if (judge(&w, cand.tail, cand.head, cand.n_tail,
-						          cand.n_head, block, &fits, &worst, &sum,
-						          true) != 0)
+						          cand.n_head, block, sh.chunk, &fits,
+						          &worst, &sum, true) != 0)
 							return -1;
 						double tol =
 						    1e-9 * (best_worst > 1 ? best_worst : 1);
@@ -738,7 +813,10 @@ int kiln_pass_baselines(kiln_compilation *c)
 		for (int32_t i = 0; i < c->n_sets; i++)
 			if (c->baselines[k].plan[i] < 0)
 				return -1;
-		c->baselines[k].fits = baseline_fits(c, &c->baselines[k], a);
+		/* megatron: its recipe's own fit (uniform chunks are judged
+		 * by uniform_fits, not per layer). */
+		c->baselines[k].fits =
+		    k == KILN_BASELINE_MEGATRON ? ma.fits : baseline_fits(c, &c->baselines[k], a);
 	}
 	return 0;
 }

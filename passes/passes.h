@@ -327,6 +327,12 @@ typedef struct kiln_megatron_actions {
 	double exposed_us; /* tie-break: exposed time summed over the stages */
 } kiln_megatron_actions;
 
+/* Graph layer l's position among the transformer layers of its model
+ * chunk on its stage (0 for the first), or -1 for a layer that is not a
+ * transformer layer: the index Megatron's checkpointed_forward counts
+ * (megatron/core/recompute.py:157-181 at d98e8a64). */
+int32_t kiln_megatron_chunk_pos(const kiln_ir_graph *g, int32_t l);
+
 /* Whether graph layer l is among the first block_layers transformer layers
  * of its model chunk on its stage (Megatron's block method,
  * megatron/core/recompute.py:167-180). */
@@ -335,8 +341,11 @@ bool kiln_megatron_in_block(const kiln_ir_graph *g, int32_t l, int32_t block_lay
 /* Recipe r's actions on every unit set of c at load factor load (its
  * expert rows; offload's size threshold is judged there), and its fit and
  * objective, each scheduled exposed time from kiln_interleave_exposed at
- * load's bucket. c must have run the budget pass. Returns 0, or -1 on
- * exhaustion. */
+ * load's bucket. Full uniform recompute in chunks of N > 1 layers takes
+ * the full-recompute plan on every layer (tail) and is judged by its
+ * chunks' bytes: one input kept per chunk, a chunk's layers rebuilt
+ * together in its backward (passes/baselines.c, uniform_fits). c must have run the budget pass.
+ * Returns 0, or -1 on exhaustion. */
 int kiln_megatron_recipe_eval(const kiln_compilation *c, const kiln_megatron *r, double load,
                               kiln_arena *a, kiln_megatron_actions *out);
 
@@ -350,8 +359,10 @@ typedef struct kiln_megatron_search_stats {
 
 /* The strongest static recipe at load (docs/cost-model.md, "Baselines"):
  * over selective module sets with offload module sets, no recompute with
- * offload, and full recompute (uniform, or block with 1 .. layers - 1 per
- * chunk, with offloads on the other layers), the one that fits with the
+ * offload, and full recompute (uniform with 1 .. layers per checkpointed
+ * chunk, or block with 1 .. layers - 1 per model chunk, with offloads on
+ * the other layers; layers: the most transformer layers of one model
+ * chunk on a stage), the one that fits with the
  * least objective (ties: less exposed time summed, then fewer flags); when
  * none fits, full uniform recompute (fits false). Into out_recipe and
  * out_actions; stats may be NULL. Returns 0, or -1 on exhaustion. */

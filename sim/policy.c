@@ -101,6 +101,7 @@ typedef struct plan_form {
 	int32_t set;
 	double res_base, res_per_n;
 	double tr_base, tr_per_n;
+	double ws_base, ws_per_n; /* of the transient: the recompute workspace */
 } plan_form;
 
 /* Costs of one plan at one bucket's upper edge. */
@@ -120,13 +121,28 @@ struct kiln_sim_policy {
 	 * checkpointed); actions is the plan otherwise. */
 	const uint8_t **hot_actions;
 	cost *hot_costs;
-	/* megatron with block recompute: the block layers' plan, and per
-	 * model layer whether it is in the block. */
-	const uint8_t **head_actions;
-	cost *head_costs;
-	plan_form **head_forms;
-	uint8_t *in_block;
+	/* Layers recomputed in full beside the policy's plan, one mechanism
+	 * for both block methods: megatron's --recompute-method block (the
+	 * first recompute_num_layers transformer layers of each model chunk
+	 * on a stage) and mindspeed's --recompute-num-layers (the first
+	 * full_layers model layers of each stage). full_layer[model layer] 1
+	 * for such a layer (NULL: the policy has none); per set the full
+	 * recompute plan, its costs and its form; full_layers the block's
+	 * size (0: no layer in it). */
 	int32_t n_model_layers;
+	int32_t full_layers;
+	uint8_t *full_layer;
+	const uint8_t **full_actions;
+	cost *full_costs;
+	plan_form **full_forms;
+	/* megatron with --recompute-method uniform --recompute-num-layers N >
+	 * 1: every layer is recomputed in full, in checkpointed chunks of
+	 * chunk_layers; full_layer marks each chunk's first layer
+	 * FULL_CHUNK_HEAD and the others FULL_CHUNK_REST, whose form
+	 * (chunk_forms, per set) keeps nothing: their input is rebuilt with
+	 * the chunk, in the chunk's backward transient. */
+	int32_t chunk_layers;
+	plan_form **chunk_forms;
 	/* megatron-capacity: the capacity factor; every expert processes
 	 * exactly its capacity (padded). */
 	double cf;
@@ -137,15 +153,6 @@ struct kiln_sim_policy {
 	cost **frontier_costs;
 	/* Static policies: per set the form of actions (and hot_actions). */
 	plan_form **forms, **hot_forms;
-	/* mindspeed: --recompute-method block --recompute-num-layers
-	 * full_layers, the first full_layers model layers of every stage
-	 * recomputed in full (full_layer[model layer] 1); per set the full
-	 * recompute plan, its costs and form. */
-	int32_t full_layers; /* n_model_layers: above */
-	uint8_t *full_layer;
-	const uint8_t **full_actions;
-	cost *full_costs;
-	plan_form **full_forms;
 	/* Adaptive policies: per (set, plan pool index) the plan's form, built
 	 * on first use (sets with the same units share pool plans). */
 	plan_form **plan_forms;
@@ -171,7 +178,7 @@ static plan_form *form_build(const kiln_sim_policy *p, int32_t set, const uint8_
 	if (!f)
 		return NULL;
 	const kiln_unit_set *S = &p->c->sets[set];
-	uint64_t res_base = 0, res_per_n = 0, tr_base = 0, tr_per_n = 0;
+	uint64_t res_base = 0, res_per_n = 0, tr_base = 0, tr_per_n = 0, ws_base = 0, ws_per_n = 0;
 	for (int32_t u = 0; u < S->n_units; u++) {
 		const kiln_unit *un = &S->units[u];
 		if (actions[u] == KILN_ACT_KEEP) {
@@ -181,13 +188,17 @@ static plan_form *form_build(const kiln_sim_policy *p, int32_t set, const uint8_
 			int ws = actions[u] == KILN_ACT_RECOMPUTE;
 			tr_base += un->bytes.base + (ws ? un->workspace_bytes.base : 0);
 			tr_per_n += un->bytes.per_n + (ws ? un->workspace_bytes.per_n : 0);
+			ws_base += ws ? un->workspace_bytes.base : 0;
+			ws_per_n += ws ? un->workspace_bytes.per_n : 0;
 		}
 	}
 	*f = (plan_form){.set = set,
 	                 .res_base = (double)res_base,
 	                 .res_per_n = (double)res_per_n,
 	                 .tr_base = (double)tr_base,
-	                 .tr_per_n = (double)tr_per_n};
+	                 .tr_per_n = (double)tr_per_n,
+	                 .ws_base = (double)ws_base,
+	                 .ws_per_n = (double)ws_per_n};
 	return f;
 }
 
@@ -306,6 +317,42 @@ static const uint8_t *steady_actions(const kiln_compilation *c, int32_t set)
 	return c->pool->actions[t->plan[bu->steady_point[k]]];
 }
 
+/* What full_layer says of a model layer. */
+enum { FULL_NONE, FULL_BLOCK, FULL_CHUNK_HEAD, FULL_CHUNK_REST };
+
+/* The one fill path of the layers recomputed in full (struct
+ * kiln_sim_policy, full_layer): per set the plan actions[set] (borrowed:
+ * pool- or arena-owned, outliving p), its form, its costs (scheduled on
+ * first use), and no layer marked yet. Returns 0, or -1 on exhaustion. */
+static int full_prepare(kiln_sim_policy *p, const uint8_t *const *actions, kiln_arena *a)
+{
+	const kiln_compilation *c = p->c;
+	const kiln_ir_graph *g = c->graph;
+	int32_t ns = c->n_sets, nb = c->n_buckets;
+	for (int32_t l = 0; l < g->n_layers; l++)
+		p->n_model_layers = g->layers[l].index + 1 > p->n_model_layers
+		                        ? g->layers[l].index + 1
+		                        : p->n_model_layers;
+	p->full_layers = 0;
+	p->full_layer = kiln_arena_alloc(a, (size_t)p->n_model_layers + 1);
+	p->full_actions = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
+	p->full_costs = kiln_arena_alloc(a, sizeof(cost) * ((size_t)ns * (size_t)nb + 1));
+	p->full_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(ns + 1));
+	if (!p->full_layer || !p->full_actions || !p->full_costs || !p->full_forms)
+		return -1;
+	memset(p->full_layer, 0, (size_t)p->n_model_layers + 1);
+	for (int32_t k = 0; k < ns; k++) {
+		p->full_actions[k] = actions[k];
+		p->full_forms[k] =
+		    form_build(p, k, p->full_actions[k], kiln_arena_alloc(a, sizeof(plan_form)));
+		if (!p->full_forms[k])
+			return -1;
+		for (int32_t b = 0; b < nb; b++)
+			p->full_costs[(size_t)k * nb + b] = (cost){NAN, NAN, NAN};
+	}
+	return 0;
+}
+
 /* megatron's block layers, and megatron-capacity's plan: the
  * description's recipe, else the search's at the capacity factor (the
  * load every rank then carries). */
@@ -353,27 +400,47 @@ static int prepare_megatron(kiln_sim_policy *p, kiln_arena *a)
 		memcpy(f, buf, strlen(buf) + 1);
 		p->flags = f;
 	}
+	const kiln_ir_graph *g = c->graph;
+	if (r.recompute == KILN_RECOMPUTE_FULL && r.recompute_method == KILN_RECOMPUTE_UNIFORM &&
+	    r.recompute_num_layers > 1) {
+		/* Uniform chunks (passes/baselines.c, uniform_fits): every
+		 * layer takes the full plan; a chunk's later layers keep
+		 * nothing. */
+		int32_t k = (int32_t)(r.recompute_num_layers < INT32_MAX ? r.recompute_num_layers
+		                                                         : INT32_MAX);
+		if (full_prepare(p, p->actions, a) != 0)
+			return -1;
+		p->full_layers = k;
+		p->chunk_layers = k;
+		p->chunk_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(ns + 1));
+		if (!p->chunk_forms)
+			return -1;
+		for (int32_t i = 0; i < ns; i++) {
+			plan_form *f = kiln_arena_alloc(a, sizeof(plan_form));
+			if (!f)
+				return -1;
+			*f = *p->full_forms[i];
+			f->tr_base += f->res_base;
+			f->tr_per_n += f->res_per_n;
+			f->res_base = f->res_per_n = 0;
+			p->chunk_forms[i] = f;
+		}
+		for (int32_t l = 0; l < g->n_layers; l++) {
+			int32_t pos = kiln_megatron_chunk_pos(g, l);
+			if (pos >= 0 && g->layers[l].index < p->n_model_layers)
+				p->full_layer[g->layers[l].index] =
+				    pos % k == 0 ? FULL_CHUNK_HEAD : FULL_CHUNK_REST;
+		}
+		return 0;
+	}
 	if (!head)
 		return 0;
-	const kiln_ir_graph *g = c->graph;
-	p->n_model_layers = 0;
-	for (int32_t l = 0; l < g->n_layers; l++)
-		if (g->layers[l].index >= p->n_model_layers)
-			p->n_model_layers = g->layers[l].index + 1;
-	p->in_block = kiln_arena_alloc(a, (size_t)p->n_model_layers + 1);
-	p->head_actions = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
-	p->head_costs = kiln_arena_alloc(a, sizeof(cost) * (size_t)(ns + 1) * (size_t)c->n_buckets);
-	if (!p->in_block || !p->head_actions || !p->head_costs)
+	if (full_prepare(p, head, a) != 0)
 		return -1;
-	memset(p->in_block, 0, (size_t)p->n_model_layers + 1);
+	p->full_layers = block;
 	for (int32_t l = 0; l < g->n_layers; l++)
 		if (g->layers[l].index >= 0)
-			p->in_block[g->layers[l].index] = kiln_megatron_in_block(g, l, block);
-	for (int32_t k = 0; k < ns; k++) {
-		p->head_actions[k] = head[k];
-		for (int32_t b = 0; b < c->n_buckets; b++)
-			p->head_costs[(size_t)k * c->n_buckets + b] = (cost){NAN, NAN, NAN};
-	}
+			p->full_layer[g->layers[l].index] = kiln_megatron_in_block(g, l, block);
 	return 0;
 }
 
@@ -564,31 +631,18 @@ static int mindspeed_block(kiln_sim_policy *p, kiln_arena *a)
 {
 	const kiln_compilation *c = p->c;
 	const kiln_ir_graph *g = c->graph;
-	int32_t ns = c->n_sets, nb = c->n_buckets, most = 0;
-	for (int32_t l = 0; l < g->n_layers; l++)
-		p->n_model_layers = g->layers[l].index + 1 > p->n_model_layers
-		                        ? g->layers[l].index + 1
-		                        : p->n_model_layers;
+	int32_t ns = c->n_sets, most = 0;
 	for (int32_t s = 0; s < g->n_stages; s++)
 		most = g->stages[s].layer_end - g->stages[s].layer_begin > most
 		           ? g->stages[s].layer_end - g->stages[s].layer_begin
 		           : most;
-	p->full_layer = kiln_arena_alloc(a, (size_t)p->n_model_layers + 1);
-	p->full_actions = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
-	p->full_costs = kiln_arena_alloc(a, sizeof(cost) * ((size_t)ns * (size_t)nb + 1));
-	p->full_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(ns + 1));
-	if (!p->full_layer || !p->full_actions || !p->full_costs || !p->full_forms)
+	const uint8_t **full = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
+	if (!full)
 		return -1;
-	for (int32_t k = 0; k < ns; k++) {
-		p->full_actions[k] =
-		    c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[k]];
-		p->full_forms[k] =
-		    form_build(p, k, p->full_actions[k], kiln_arena_alloc(a, sizeof(plan_form)));
-		if (!p->full_forms[k])
-			return -1;
-		for (int32_t b = 0; b < nb; b++)
-			p->full_costs[(size_t)k * nb + b] = (cost){NAN, NAN, NAN};
-	}
+	for (int32_t k = 0; k < ns; k++)
+		full[k] = c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[k]];
+	if (full_prepare(p, full, a) != 0)
+		return -1;
 	int32_t n = 0;
 	while (n < most && !mindspeed_fits(p, n, 0))
 		n++;
@@ -1205,8 +1259,7 @@ int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const kiln_compilation *c,
 	} else {
 		p->forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
 		p->hot_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
-		p->head_forms = kiln_arena_alloc(a, sizeof(plan_form *) * (size_t)(c->n_sets + 1));
-		if (!p->forms || !p->hot_forms || !p->head_forms)
+		if (!p->forms || !p->hot_forms)
 			return -1;
 		for (int32_t s = 0; s < c->n_sets; s++) {
 			p->forms[s] =
@@ -1215,11 +1268,7 @@ int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const kiln_compilation *c,
 			                      ? form_build(p, s, p->hot_actions[s],
 			                                   kiln_arena_alloc(a, sizeof(plan_form)))
 			                      : p->forms[s];
-			p->head_forms[s] = p->head_actions
-			                       ? form_build(p, s, p->head_actions[s],
-			                                    kiln_arena_alloc(a, sizeof(plan_form)))
-			                       : p->forms[s];
-			if (!p->forms[s] || !p->hot_forms[s] || !p->head_forms[s])
+			if (!p->forms[s] || !p->hot_forms[s])
 				return -1;
 		}
 		if ((k == KILN_SIM_MINDSPEED && mindspeed_block(p, a) != 0) ||
@@ -1252,8 +1301,10 @@ static void fill(const kiln_sim_policy *p, const plan_form *f, double n, const c
 	double ex = p->serial ? co->serial_us : co->exposed_us;
 	double rec = co->recompute_us < ex ? co->recompute_us : ex;
 	/* Whole bytes, as a device holds them (and as accounting counts). */
+	double ws = f->ws_base + f->ws_per_n * n;
 	*out = (kiln_sim_choice){.resident_bytes = ceil(resident - 1e-6),
 	                         .transient_bytes = ceil(transient - 1e-6),
+	                         .workspace_bytes = ceil(ws - 1e-6),
 	                         .exposed_us = ex,
 	                         .recompute_us = rec,
 	                         .copy_us = ex - rec};
@@ -1285,17 +1336,8 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 		return;
 	}
 	if (!p->rt) {
-		if (p->in_block && layer >= 0 && layer < p->n_model_layers && p->in_block[layer]) {
-			/* megatron's block layers: full recompute. */
-			double r;
-			n = kiln_sim_policy_rows(p, set, n);
-			int32_t b = kiln_sim_policy_bucket(c, set, n, &r);
-			fill(p, p->head_forms[set], n,
-			     static_cost(p, p->head_costs, p->head_actions[set], set, b), out);
-			return;
-		}
-		/* mindspeed without its trigger state: the untriggered plan
-		 * (kiln_sim_policy_decide_triggered decides with it). */
+		/* A static policy, its full-recompute layers included;
+		 * mindspeed without its trigger state: the untriggered plan. */
 		kiln_sim_policy_decide_triggered(p, set, layer, n, 0, out);
 		return;
 	}
@@ -1360,10 +1402,15 @@ void kiln_sim_policy_decide_triggered(const kiln_sim_policy *p, int32_t set, int
 	double r;
 	n = kiln_sim_policy_rows(p, set, n);
 	int32_t b = kiln_sim_policy_bucket(p->c, set, n, &r);
-	if (p->full_layer && layer >= 0 && layer < p->n_model_layers && p->full_layer[layer])
-		fill(p, p->full_forms[set], n,
+	int role = p->full_layer && layer >= 0 && layer < p->n_model_layers ? p->full_layer[layer]
+	                                                                    : FULL_NONE;
+	if (role != FULL_NONE) {
+		/* A chunk's later layers cost what a full layer costs (each
+		 * layer's forward re-runs once) and keep nothing. */
+		fill(p, role == FULL_CHUNK_REST ? p->chunk_forms[set] : p->full_forms[set], n,
 		     static_cost(p, p->full_costs, p->full_actions[set], set, b), out);
-	else if (triggered && p->hot_actions && p->c->sets[set].kind == KILN_LAYER_MOE)
+		out->chunk = role == FULL_CHUNK_HEAD ? 1 : role == FULL_CHUNK_REST ? 2 : 0;
+	} else if (triggered && p->hot_actions && p->c->sets[set].kind == KILN_LAYER_MOE)
 		fill(p, p->hot_forms[set], n,
 		     static_cost(p, p->hot_costs, p->hot_actions[set], set, b), out);
 	else
@@ -1400,11 +1447,6 @@ int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const u
 			co = static_cost(p, p->costs, p->actions[set], set, k);
 			ex = p->serial ? co->serial_us : co->exposed_us;
 			most = ex > most ? ex : most;
-			if (p->head_actions) {
-				co = static_cost(p, p->head_costs, p->head_actions[set], set, k);
-				ex = p->serial ? co->serial_us : co->exposed_us;
-				most = ex > most ? ex : most;
-			}
 		}
 		if (hot) {
 			co = static_cost(p, p->hot_costs, p->hot_actions[set], set, k);
@@ -1426,9 +1468,10 @@ int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *r
 {
 	if (p->rt || !p->forms || p->kind == KILN_SIM_MEGATRON_PAGED_STASH)
 		return -1;
-	const plan_form *fs[4] = {p->forms[set], p->hot_forms[set], p->head_forms[set],
+	const plan_form *fs[4] = {p->forms[set], p->hot_forms[set],
 	                          p->full_forms && p->full_layers > 0 ? p->full_forms[set]
-	                                                              : p->forms[set]};
+	                                                              : p->forms[set],
+	                          p->chunk_forms ? p->chunk_forms[set] : p->forms[set]};
 	*res_base = *res_per_n = *tr_base = *tr_per_n = 0;
 	/* Padded to capacity, a set's rows are the same at every load. */
 	const kiln_unit_set *S = &p->c->sets[set];
@@ -1447,6 +1490,14 @@ int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *r
 		*res_per_n = rn > *res_per_n ? rn : *res_per_n;
 		*tr_base = tb > *tr_base ? tb : *tr_base;
 		*tr_per_n = tn > *tr_per_n ? tn : *tr_per_n;
+	}
+	if (p->chunk_layers > 1) {
+		/* A uniform chunk's backward holds up to chunk_layers layers'
+		 * transients at once (sim.c sums them), each within the line
+		 * above and a byte of rounding: the caller adds one byte. */
+		double k = (double)p->chunk_layers;
+		*tr_base = *tr_base * k + (k - 1);
+		*tr_per_n *= k;
 	}
 	return 0;
 }

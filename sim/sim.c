@@ -418,6 +418,7 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 					others += sc->held[j];
 			uint32_t pending = i < si->window - 1 ? (uint32_t)(si->window - 1 - i) : 0;
 			double cur = ceil(si->fixed_bytes - 1e-6), transient = 0;
+			double chunk_saved = 0, chunk_ws = 0; /* the uniform chunk so far */
 			/* Pages the window before micro-batch i holds (freed, as its
 			 * bytes are, by the backward of the micro-batch leaving it). */
 			int64_t used_c = 0, used_h = 0;
@@ -538,7 +539,21 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 						sc->acct_checks++;
 						sc->acct_mismatches += (double)ac.device_bytes != others + cur;
 					}
-					transient = ch.transient_bytes > transient ? ch.transient_bytes : transient;
+					double tr = ch.transient_bytes;
+					if (ch.chunk) {
+						/* A uniform chunk: what its layers rebuild
+						 * adds up, beside the largest workspace. */
+						double kept =
+						    ch.transient_bytes - ch.workspace_bytes;
+						chunk_saved =
+						    ch.chunk == 1 ? kept : chunk_saved + kept;
+						chunk_ws =
+						    ch.chunk == 1 || ch.workspace_bytes > chunk_ws
+						        ? ch.workspace_bytes
+						        : chunk_ws;
+						tr = chunk_saved + chunk_ws;
+					}
+					transient = tr > transient ? tr : transient;
 					b += ch.exposed_us;
 					sc->over_budget += ch.over_budget * weight;
 					/* The slowest rank's overhead is what the critical

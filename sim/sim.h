@@ -309,6 +309,13 @@ double kiln_sim_capacity_factor(const kiln_model *m, double cf);
 typedef struct kiln_sim_choice {
 	double resident_bytes;  /* held from the layer's forward to its backward */
 	double transient_bytes; /* extra during the layer's backward (rebuilt units, workspace) */
+	double workspace_bytes; /* of which the recompute workspace */
+	/* Megatron's uniform chunks (--recompute-method uniform
+	 * --recompute-num-layers N > 1): 1 for a chunk's first layer, 2 for
+	 * the others, 0 outside one. A chunk's layers are rebuilt together in
+	 * its backward, so the simulator adds their transients (the largest
+	 * workspace once): sim.c, run_rank. */
+	int chunk;
 	double exposed_us;      /* extra time on the critical path */
 	double recompute_us;    /* of which recompute */
 	double copy_us;         /* of which copies (exposed share) */
@@ -347,10 +354,13 @@ int kiln_sim_policy_trigger(const kiln_sim_policy *p, double *out_multiple);
 void kiln_sim_policy_decide_triggered(const kiln_sim_policy *p, int32_t set, int32_t layer,
                                       double n, int triggered, kiln_sim_choice *out);
 
-/* mindspeed's --recompute-num-layers (block method): how many model layers
- * at the start of every stage it recomputes in full, the fewest with which
- * every stage fits at KILN_BASELINE_DESIGN_LOAD (the others take the
- * trigger and the selective plan); -1 for any other policy. */
+/* The layers a static policy recomputes in full beside its plan (one
+ * mechanism, sim/policy.c): mindspeed's --recompute-num-layers (block
+ * method), how many model layers at the start of every stage it recomputes
+ * in full, the fewest with which every stage fits at
+ * KILN_BASELINE_DESIGN_LOAD (the others take the trigger and the selective
+ * plan); megatron's --recompute-method block --recompute-num-layers N, N;
+ * -1 for a policy without such layers. */
 int32_t kiln_sim_policy_full_layers(const kiln_sim_policy *p);
 
 /* One decision: unit set `set` of the compilation (model layer `layer`) at

@@ -175,9 +175,9 @@ Test(baselines, expert_fc1_offloads_fc1s_input, .init = kt_slow)
 /* Every recipe of the search space, evaluated one by one without the
  * search's pruning or memo: selective or none with every subset of the
  * seven recompute modules and of the seven offload modules (attn_proj only
- * with core_attn), full uniform, and full block with 1 .. 16 layers and
- * every offload subset. Returns the least objective and, among those, the
- * least summed exposed time, of the recipes that fit. */
+ * with core_attn), full uniform with 1 .. 16 layers per chunk, and full
+ * block with 1 .. 16 layers and every offload subset. Returns the least objective and, among those,
+ * the least summed exposed time, of the recipes that fit. */
 static bool brute_force(const kiln_compilation *c, double load, double *out_worst, double *out_sum)
 {
 	const uint32_t all_o = ((1u << KILN_MOF_COUNT) - 1) & ~KILN_MOF(FUSED_GROUP_MLP);
@@ -185,11 +185,14 @@ static bool brute_force(const kiln_compilation *c, double load, double *out_wors
 	*out_worst = *out_sum = INFINITY;
 	kiln_arena *a = kiln_arena_new();
 	cr_assert_not_null(a);
-	for (int32_t mode = -1; mode <= 16; mode++) {
+	/* mode -1: selective or none; 0 .. 15: full uniform with mode + 1
+	 * layers per chunk; 16 .. 31: full block with mode - 15 layers. */
+	for (int32_t mode = -1; mode < 32; mode++) {
+		bool uniform = mode >= 0 && mode < 16;
 		uint32_t n_r = mode == -1 ? 1u << KILN_MRC_COUNT : 1;
 		for (uint32_t R = 0; R < n_r; R++)
 			for (uint32_t O = 0; O < 1u << KILN_MOF_COUNT; O++) {
-				if ((O & ~all_o) || (mode == 0 && O))
+				if ((O & ~all_o) || (uniform && O))
 					continue;
 				if ((O & KILN_MOF(ATTN_PROJ)) && !(O & KILN_MOF(CORE_ATTN)))
 					continue;
@@ -200,9 +203,9 @@ static bool brute_force(const kiln_compilation *c, double load, double *out_wors
 					r.recompute_modules = R;
 				} else {
 					r.recompute = KILN_RECOMPUTE_FULL;
-					r.recompute_method = mode == 0 ? KILN_RECOMPUTE_UNIFORM
-					                               : KILN_RECOMPUTE_BLOCK;
-					r.recompute_num_layers = mode == 0 ? 1 : mode;
+					r.recompute_method =
+					    uniform ? KILN_RECOMPUTE_UNIFORM : KILN_RECOMPUTE_BLOCK;
+					r.recompute_num_layers = uniform ? mode + 1 : mode - 15;
 				}
 				kiln_megatron_actions ma;
 				cr_assert_eq(kiln_megatron_recipe_eval(c, &r, load, a, &ma), 0);
@@ -426,4 +429,139 @@ Test(baselines, search_beside_the_stash, .timeout = 300)
 		for (int32_t u = 0; u < c->sets[i].n_units; u++)
 			cr_expect_eq(m1.tail[i][u], KILN_ACT_KEEP);
 	kiln_arena_free(a);
+}
+
+/* c with the megatron baseline replaced by full recompute with the
+ * uniform method in chunks of n layers (the full-recompute plan on every
+ * layer, as kiln_megatron_recipe_eval gives it), in out and bls. */
+static void with_uniform(const kiln_compilation *c, int64_t n, kiln_compilation *out,
+                         kiln_baseline *bls)
+{
+	*out = *c;
+	memcpy(bls, c->baselines, sizeof(kiln_baseline) * KILN_BASELINE_COUNT);
+	kiln_baseline *mg = &bls[KILN_BASELINE_MEGATRON];
+	mg->recipe = (kiln_megatron){.recompute = KILN_RECOMPUTE_FULL,
+	                             .recompute_method = KILN_RECOMPUTE_UNIFORM,
+	                             .recompute_num_layers = n};
+	mg->plan = bls[KILN_BASELINE_FULL_RECOMPUTE].plan;
+	mg->head_plan = NULL;
+	mg->block_layers = 0;
+	out->baselines = bls;
+}
+
+/* Megatron's uniform method (megatron/core/recompute.py:157-166 at
+ * d98e8a64) checkpoints each run of N layers of a model chunk as one
+ * tensor_parallel.checkpoint: only the run's input is saved
+ * (tensor_parallel/random.py:616-628), and its backward re-runs the run's
+ * forward with grad before its backward (random.py:656-668). tiny's stage
+ * 0 holds model layers 0 (dense) to 3 (MoE); with N = 2 the chunks are
+ * {0, 1} and {2, 3}. By hand, a layer's input is a micro-batch's tokens
+ * times the hidden size in bf16: seq_len 128 * micro_batch 2 * hidden 64
+ * * 2 bytes = 32,768 bytes. So layer 1 keeps nothing (N = 1: its input,
+ * 32,768 bytes) and its backward transient is N = 1's plus those 32,768
+ * bytes (its input is rebuilt with the chunk); layer 2 starts a chunk and
+ * keeps its input. Every layer's forward re-runs once, as with N = 1: the
+ * same exposed time. */
+Test(baselines, uniform_chunks_keep_one_input_per_chunk)
+{
+	const kiln_compilation *c = kt_compiled("examples/models/tiny.yaml", KILN_SOLVER_DP, false);
+	cr_assert_eq(c->graph->n_stages, 2);
+	kiln_compilation c1, c2;
+	kiln_baseline b1[KILN_BASELINE_COUNT], b2[KILN_BASELINE_COUNT];
+	with_uniform(c, 1, &c1, b1);
+	with_uniform(c, 2, &c2, b2);
+	kiln_arena *a = kiln_arena_new();
+	cr_assert_not_null(a);
+	kiln_sim_policy *p1, *p2;
+	cr_assert_eq(kiln_sim_policy_new(KILN_SIM_MEGATRON, &c1, NULL, 0, a, stderr, &p1), 0);
+	cr_assert_eq(kiln_sim_policy_new(KILN_SIM_MEGATRON, &c2, NULL, 0, a, stderr, &p2), 0);
+	cr_expect_str_eq(kiln_sim_policy_flags(p2),
+	                 "--recompute-granularity full --recompute-method "
+	                 "uniform --recompute-num-layers 2");
+	int32_t set = moe_set(c);
+	cr_assert_eq(c->sets[set].stage, 0);
+	double n = c->graph->layers[c->sets[set].layer].n_balanced;
+	kiln_sim_choice one, rest, head;
+	kiln_sim_policy_decide(p1, set, 1, n, 1e12, 0, 0, 0, &one);
+	kiln_sim_policy_decide(p2, set, 1, n, 1e12, 0, 0, 0, &rest);
+	kiln_sim_policy_decide(p2, set, 2, n, 1e12, 0, 0, 0, &head);
+	cr_expect_eq(one.resident_bytes, 32768);
+	cr_expect_eq(one.chunk, 0);
+	cr_expect_eq(rest.resident_bytes, 0);
+	cr_expect_eq(rest.transient_bytes, one.transient_bytes + 32768);
+	cr_expect_eq(rest.chunk, 2);
+	cr_expect_eq(head.resident_bytes, 32768);
+	cr_expect_eq(head.transient_bytes, one.transient_bytes);
+	cr_expect_eq(head.chunk, 1);
+	cr_expect_float_eq(rest.exposed_us, one.exposed_us, 1e-9);
+	cr_expect_eq(kiln_sim_policy_full_layers(p2), 2);
+	/* The statistical method's bound covers a chunk's two transients. */
+	double rb, rn, tb, tn;
+	cr_assert_eq(kiln_sim_policy_bytes_bound(p2, set, &rb, &rn, &tb, &tn), 0);
+	cr_expect_geq(tb + tn * n + 1, rest.transient_bytes + head.transient_bytes);
+	kiln_sim_policy_free(p1);
+	kiln_sim_policy_free(p2);
+	kiln_arena_free(a);
+}
+
+/* The recipe's fit under uniform chunks, by hand on tiny's stage 0 at load
+ * 1: with N = 1 every micro-batch in flight keeps the four layers' inputs
+ * (4 * 32,768 bytes) and the backward rebuilds one layer at a time; with
+ * N = 4 (one chunk) it keeps the first layer's input only, and the chunk's
+ * backward holds what the four layers rebuild, the three later inputs and
+ * the larger workspace of one layer at once. With the stage's room set
+ * between the two needs, the eval's verdicts must follow them: with two
+ * micro-batches in flight (tiny's) N = 1 fits and N = 4 does not; with
+ * thirty-two the kept inputs (3 * 32,768 bytes fewer per micro-batch under
+ * N = 4) outweigh the chunk's transient and only N = 4 fits. */
+Test(baselines, uniform_chunks_fit_by_their_bytes)
+{
+	const kiln_compilation *c = kt_compiled("examples/models/tiny.yaml", KILN_SOLVER_DP, false);
+	int32_t moe = moe_set(c), dense = -1;
+	for (int32_t i = 0; i < c->n_sets; i++)
+		if (c->sets[i].stage == 0 && c->sets[i].kind == KILN_LAYER_DENSE)
+			dense = i;
+	cr_assert_geq(dense, 0);
+	cr_assert_eq(c->sets[moe].stage, 0);
+	cr_assert_eq(c->sets[moe].n_layers, 3);
+	cr_assert_eq(c->sets[dense].n_layers, 1);
+	kiln_plan_bytes bd, bm;
+	const uint8_t *fd =
+	    c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[dense]];
+	const uint8_t *fm = c->pool->actions[c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[moe]];
+	kiln_plan_bytes_at(&c->sets[dense], fd, 0, &bd);
+	kiln_plan_bytes_at(&c->sets[moe], fm, c->graph->layers[c->sets[moe].layer].n_balanced, &bm);
+	cr_expect_float_eq(bd.resident, 32768, 1e-9);
+	cr_expect_float_eq(bm.resident, 32768, 1e-9);
+	double wsd = bd.transient - bd.saved, wsm = bm.transient - bm.saved;
+	kiln_compilation c2 = *c;
+	kiln_stage_budget bus[2];
+	memcpy(bus, c->budgets, sizeof bus);
+	c2.budgets = bus;
+	bus[1].capacity_bytes = 1e15; /* the verdict is stage 0's */
+	const double inflight[2] = {2, 32};
+	for (int j = 0; j < 2; j++) {
+		double fixed = bus[0].fixed_bytes, w = inflight[j];
+		double need1 = w * (fixed + 4 * 32768.0) + fmax(bd.transient, bm.transient);
+		double need4 =
+		    w * (fixed + 32768.0) + bd.saved + 3 * bm.saved + 3 * 32768.0 + fmax(wsd, wsm);
+		bus[0].inflight = w;
+		bus[0].capacity_bytes = bus[0].static_bytes + floor((need1 + need4) / 2);
+		kiln_arena *a = kiln_arena_new();
+		cr_assert_not_null(a);
+		kiln_megatron r = {.recompute = KILN_RECOMPUTE_FULL,
+		                   .recompute_method = KILN_RECOMPUTE_UNIFORM,
+		                   .recompute_num_layers = 1};
+		kiln_megatron_actions m1, m4;
+		cr_assert_eq(kiln_megatron_recipe_eval(&c2, &r, 1.0, a, &m1), 0);
+		r.recompute_num_layers = 4;
+		cr_assert_eq(kiln_megatron_recipe_eval(&c2, &r, 1.0, a, &m4), 0);
+		cr_expect_eq(m1.fits, j == 0, "inflight %g: N=1 needs %.0f, N=4 %.0f", w, need1,
+		             need4);
+		cr_expect_eq(m4.fits, j == 1, "inflight %g: N=1 needs %.0f, N=4 %.0f", w, need1,
+		             need4);
+		/* The same layers re-run: the same objective. */
+		cr_expect_float_eq(m4.worst_us, m1.worst_us, 1e-9 * fmax(1, m1.worst_us));
+		kiln_arena_free(a);
+	}
 }
