@@ -57,6 +57,21 @@ typedef struct fixed_plan {
 	int32_t point;
 } fixed_plan;
 
+/* The bytes of actions on set i at n rows, with what runs beside the
+ * recipe (the paged stash): units held outside it leave their per-row
+ * bytes, and each layer's transient grows. */
+static void beside_bytes(const kiln_unit_set *set, int32_t i, const uint8_t *actions, double n,
+                         const kiln_megatron_beside *bs, kiln_plan_bytes *out)
+{
+	kiln_plan_bytes_at(set, actions, n, out);
+	const uint8_t *outside = bs && bs->outside ? bs->outside[i] : NULL;
+	for (int32_t u = 0; outside && u < set->n_units; u++)
+		if (outside[u] && actions[u] == KILN_ACT_KEEP)
+			out->resident -= (double)set->units[u].bytes.per_n * n;
+	if (bs && bs->transient_bytes)
+		out->transient += bs->transient_bytes[i];
+}
+
 static void fixed_table(const kiln_compilation *c, int32_t i, const uint8_t *actions, double load,
                         int32_t layers, const kiln_megatron_beside *bs, fixed_plan *out)
 {
@@ -65,15 +80,7 @@ static void fixed_table(const kiln_compilation *c, int32_t i, const uint8_t *act
 	out->set = *set;
 	out->set.n_layers = layers;
 	double n = set->kind == KILN_LAYER_MOE ? load * c->graph->layers[set->layer].n_balanced : 0;
-	kiln_plan_bytes_at(set, actions, n, &out->b);
-	/* Beside the recipe (the paged stash): units held outside it leave
-	 * their per-row bytes, and each layer's transient grows. */
-	const uint8_t *outside = bs && bs->outside ? bs->outside[i] : NULL;
-	for (int32_t u = 0; outside && u < set->n_units; u++)
-		if (outside[u] && actions[u] == KILN_ACT_KEEP)
-			out->b.resident -= (double)set->units[u].bytes.per_n * n;
-	if (bs && bs->transient_bytes)
-		out->b.transient += bs->transient_bytes[i];
+	beside_bytes(set, i, actions, n, bs, &out->b);
 	out->f.points = &out->p;
 	out->f.n_points = 1;
 	out->t.set = &out->set;
@@ -424,9 +431,10 @@ static bool uniform_fits(const recipes *w, int32_t s, uint8_t *const *tail, int3
 		if (pos < 0 || i < 0)
 			continue;
 		kiln_plan_bytes b;
-		kiln_plan_bytes_at(&c->sets[i], tail[i], w->n[i], &b);
+		beside_bytes(&c->sets[i], i, tail[i], w->n[i], w->beside, &b);
 		/* A full-recompute plan offloads nothing: its transient is
-		 * what it rebuilds plus the rebuilding ops' workspace. */
+		 * what it rebuilds plus the rebuilding ops' workspace (and
+		 * what runs beside the recipe). */
 		double lws = b.transient - b.saved;
 		if (pos % chunk == 0) {
 			resident += b.resident;
@@ -438,7 +446,9 @@ static bool uniform_fits(const recipes *w, int32_t s, uint8_t *const *tail, int3
 		}
 		worst = saved + ws > worst ? saved + ws : worst;
 	}
-	return bu->inflight * resident + worst <= bu->capacity_bytes - bu->static_bytes;
+	const kiln_megatron_beside *bs = w->beside;
+	double reserved = bs && bs->reserved_bytes ? bs->reserved_bytes[s] : 0;
+	return bu->inflight * resident + worst <= bu->capacity_bytes - bu->static_bytes - reserved;
 }
 
 /* Fit and objective of the actions shape_actions made. Returns 0, or -1
@@ -450,8 +460,6 @@ static int judge(recipes *w, uint8_t **tail, uint8_t **head, const int32_t *n_ta
 	const kiln_compilation *c = w->c;
 	bool fits = true;
 	for (int32_t s = 0; s < c->graph->n_stages && fits; s++)
-		/* Uniform chunks (full recompute) never run beside the stash,
-		 * which leaves full recompute out (beside->no_full). */
 		fits = chunk > 1 ? uniform_fits(w, s, tail, chunk)
 		                 : stage_fits(c, s, w->load, tail, block ? head : NULL, n_tail,
 		                              n_head, w->beside);

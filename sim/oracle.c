@@ -401,8 +401,8 @@ static int64_t micro_path(kiln_sim_oracle *o, int32_t n_layers, const int32_t *s
 		if (sets[l] < 0)
 			continue;
 		int32_t nc = layer_cands(o, sets[l], rows[l], &o->cands[l]);
-		if (nc < 0)
-			return -1;
+		if (nc <= 0)
+			return -1; /* an empty table is an error, never a free layer */
 		ocand *cs = o->cands[l].p;
 		/* Lower convex hull of the falling part, in place: cs[0] has the
 		 * least bytes (the least time among them); collinear vertices
