@@ -1047,10 +1047,11 @@ const char *kiln_sim_policy_recipe(const kiln_sim_policy *p, int *fits)
 
 /* megatron-paged-stash's flags and recipe: flags as given (checked), else
  * the description's stash keys kept and the others chosen over the grid
- * above at the design load: the candidate that fits best (fit), then the
- * least objective, then the least summed over stages; ties to the earlier
- * (the capacity factor in the order listed, then the smaller CUDA factor:
- * the same time with less device memory held). */
+ * above at the design load. Per capacity factor, in the order listed: the
+ * CUDA factor that fits best (fit), then with the least objective, then
+ * the least summed over stages, ties to the smaller (the same time with
+ * less device memory held). A later capacity factor replaces the earlier
+ * choice only when it fits better (simulator.md, "Choosing the factors"). */
 static int stash_prepare(kiln_sim_policy *p, const kiln_sim_stash_flags *flags, kiln_arena *a,
                          FILE *err)
 {
