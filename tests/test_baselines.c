@@ -562,6 +562,27 @@ Test(baselines, uniform_chunks_fit_by_their_bytes)
 		             need4);
 		/* The same layers re-run: the same objective. */
 		cr_expect_float_eq(m4.worst_us, m1.worst_us, 1e-9 * fmax(1, m1.worst_us));
+		if (j == 1) {
+			/* Here N=4 fits, so the search finds a recipe that fits.
+			 * With every byte of stage 0's room reserved beside the
+			 * recipe (the stash's pages), no recipe can fit: each keeps
+			 * at least one layer input per micro-batch (32,768 bytes).
+			 * Uniform chunks are judged apart from the other recipes
+			 * (uniform_fits), so this checks that they see the reserve. */
+			kiln_megatron best;
+			kiln_megatron_actions mb;
+			double reserved[2] = {0, 0};
+			kiln_megatron_beside bs = {.reserved_bytes = reserved};
+			cr_assert_eq(
+			    kiln_megatron_search_beside(&c2, 1.0, &bs, a, &best, &mb, NULL), 0);
+			cr_expect(mb.fits, "nothing reserved: the best recipe fits");
+			reserved[0] = bus[0].capacity_bytes - bus[0].static_bytes;
+			cr_assert_eq(
+			    kiln_megatron_search_beside(&c2, 1.0, &bs, a, &best, &mb, NULL), 0);
+			char fl[512];
+			cr_assert_geq(kiln_megatron_flags_format(&best, fl, sizeof fl), 0);
+			cr_expect(!mb.fits, "all of stage 0's room reserved, yet %s fits", fl);
+		}
 		kiln_arena_free(a);
 	}
 }
