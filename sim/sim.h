@@ -569,9 +569,11 @@ typedef struct kiln_sim_oracle_stage {
 
 /* Chooses every (micro-batch, layer)'s plan of st into
  * out[i * n_layers + l] (unplanned layers: zero), and in *out_over_budget
- * the micro-batches for which nothing fits (their choices are then the
- * least memory the tables allow). Returns 0, or -1 on exhaustion or a
- * plan that cannot be scheduled. */
+ * the micro-batches counted over budget: all m of them when no memory cap
+ * shared by the stage's micro-batches fits (their choices are then the
+ * least memory the tables allow), else 0. Returns 0, or -1 on exhaustion
+ * or a plan that cannot be scheduled (the simulator counts the stage as
+ * out of memory then, never as a fit). */
 int kiln_sim_oracle_plan(kiln_sim_oracle *o, const kiln_sim_oracle_stage *st, kiln_sim_choice *out,
                          int64_t *out_over_budget);
 
