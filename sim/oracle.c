@@ -622,7 +622,9 @@ int kiln_sim_oracle_plan(kiln_sim_oracle *o, const kiln_sim_oracle_stage *st, ki
 			lb[(size_t)i * L + l] = n_lc;
 			if (obuf_reserve(&o->lcands, n_lc + nc + 1, sizeof(ocand)) != 0)
 				return -1;
-			memcpy((ocand *)o->lcands.p + n_lc, o->cands[l].p, nc * sizeof(ocand));
+			if (nc > 0) /* a layer without a set has no candidates (p NULL) */
+				memcpy((ocand *)o->lcands.p + n_lc, o->cands[l].p,
+				       nc * sizeof(ocand));
 			n_lc += nc;
 		}
 		if (obuf_reserve(&o->pareto, total + (size_t)n + 1, sizeof(ostate)) != 0 ||
@@ -632,9 +634,11 @@ int kiln_sim_oracle_plan(kiln_sim_oracle *o, const kiln_sim_oracle_stage *st, ki
 			return -1;
 		begin = o->begin.p;
 		begin[i] = total;
-		memcpy((ostate *)o->pareto.p + total, o->tmp.p, (size_t)n * sizeof(ostate));
-		memcpy((int32_t *)o->paths.p + total * (size_t)L, o->tmpch.p,
-		       (size_t)n * (size_t)L * sizeof(int32_t));
+		if (n > 0) {
+			memcpy((ostate *)o->pareto.p + total, o->tmp.p, (size_t)n * sizeof(ostate));
+			memcpy((int32_t *)o->paths.p + total * (size_t)L, o->tmpch.p,
+			       (size_t)n * (size_t)L * sizeof(int32_t));
+		}
 		total += (size_t)n;
 	}
 	begin[m] = total;
