@@ -65,35 +65,30 @@ double kiln_cost_padded_vocab(const kiln_model *m);
 /* hbm.c */
 
 /* Time to move bytes through HBM at hw->hbm_gbps: bytes / (hbm_gbps * 1e3)
- * us, 0 without a bandwidth. The one formula for memory-bound op time
- * (time.c) and the copy engine's HBM share of an offload (2 * bytes per
- * unit, passes/options.c and passes/interleave.c). */
+ * us, 0 without a bandwidth. The one formula for the bytes of memory-bound
+ * ops (step.c, and so time.c) and the copy engine's HBM share of an offload
+ * (2 * bytes per unit, passes/options.c and passes/interleave.c). */
 double kiln_cost_hbm_us(const kiln_hardware *hw, double bytes);
 
-/* time.c */
+/* time.c: the planner's and the simulator's op times, which are step.c's
+ * (one time model; docs/cost-model.md, "Op time"). */
 
-/* Time of one op for one micro-batch at local expert load n. */
+/* Time of one op for one micro-batch at local expert load n:
+ * kiln_cost_step_op_us with the profile's own figures
+ * (kiln_cost_step_params_of(&g->model->hw)). Pipeline sends cost 0 here
+ * (they overlap compute in steady state); kiln_cost_step_estimate's p2p_us
+ * prices them. */
 double kiln_cost_op_time_us(const kiln_ir_graph *g, const kiln_ir_op *op, double n);
 
-/* Forward and backward time of one micro-batch through a stage at load factor r. */
+/* Forward and backward time of one micro-batch through a stage at load
+ * factor r: the sums of kiln_cost_op_time_us over its ops (no host floor,
+ * no overlap, no recipe recompute: kiln_cost_step_estimate adds those). */
 void kiln_cost_stage_time(const kiln_ir_graph *g, int32_t stage, double r, double *out_fwd_us,
                           double *out_bwd_us);
 
-typedef struct kiln_cost_iteration {
-	double iteration_s;     /* one optimizer step */
-	double tokens_per_s;    /* whole job */
-	double model_flops;     /* per iteration, whole job, as Megatron counts them (flops.c) */
-	double mfu;             /* model_flops / (iteration_s * devices * peak) */
-	double bubble_fraction; /* pipeline idle share of the iteration */
-	int32_t slowest_stage;
-} kiln_cost_iteration;
-
-/* Iteration estimate with everything kept at load factor r. */
-void kiln_cost_iteration_estimate(const kiln_ir_graph *g, double r, kiln_cost_iteration *out);
-
 /* step.c: the step-time model of `kilnc report`, calibrated against measured
  * Megatron-Core runs (docs/cost-model.md "Step time", docs/calibration.md).
- * The planner and the simulator keep time.c's per-op costs. */
+ * The planner and the simulator price ops with it too (time.c). */
 
 /* The fitted efficiencies (the hardware profile's time_* figures). */
 typedef struct kiln_cost_step_params {

@@ -1,9 +1,13 @@
 /* costmodel/hbm.c: the one formula for time spent moving bytes through HBM.
  *
- * Memory-bound ops (time.c) and the copy engine's HBM traffic of an offload
- * (passes/options.c, passes/interleave.c) are priced by this one function,
- * so that a recompute and an offload moving the same bytes cost bit for bit
- * the same, and floating-point rounding never decides between them
+ * The bytes of memory-bound ops and the memory side of attention and GEMM
+ * epilogues (step.c, which the planner prices ops with through time.c) and
+ * the copy engine's HBM traffic of an offload (passes/options.c,
+ * passes/interleave.c) are priced by this one function, so that a recompute
+ * and an offload moving the same bytes cost the same double for those bytes;
+ * a recompute adds only its kernels' floor (a kernel on the compute stream,
+ * which a copy engine's transfer is not), and where that floor is 0 the two
+ * are bit for bit equal and the canonical tie rule decides, never rounding
  * (docs/cost-model.md, "HBM time").
  */
 #include "costmodel/costmodel.h"

@@ -204,7 +204,6 @@ double kiln_cost_step_op_us(const kiln_ir_graph *g, const kiln_ir_op *op, double
 	const kiln_model *m = g->model;
 	const kiln_hardware *hw = &m->hw;
 	double peak = hw->peak_tflops * 1e6; /* FLOPs per us */
-	double hbm = bw_bytes_per_us(hw->hbm_gbps);
 	double flops = kiln_linf_at(op->flops, n);
 	double traffic = kiln_linf_at(op->traffic, n);
 	double bytes = kiln_linf_at(op->comm_bytes, n);
@@ -237,7 +236,8 @@ double kiln_cost_step_op_us(const kiln_ir_graph *g, const kiln_ir_op *op, double
 		if (p->gemm_half_rows > 0)
 			eff *= rows / (rows + p->gemm_half_rows);
 		double kernels, extra = megatron_extra_bytes(m, op, n, &kernels);
-		double around = extra > 0 ? extra / hbm + kernels * p->kernel_floor_us : 0;
+		double around =
+		    extra > 0 ? kiln_cost_hbm_us(hw, extra) + kernels * p->kernel_floor_us : 0;
 		if (!op->backward)
 			return flops / (peak * eff) + around;
 		/* Backward: the data gradient has the forward's shape (rows x K x
@@ -249,13 +249,14 @@ double kiln_cost_step_op_us(const kiln_ir_graph *g, const kiln_ir_op *op, double
 		double kernels, extra = megatron_extra_bytes(m, op, n, &kernels);
 		if (traffic + extra <= 0)
 			return 0;
-		return (traffic + extra) / hbm + (1 + kernels) * p->kernel_floor_us;
+		return kiln_cost_hbm_us(hw, traffic + extra) + (1 + kernels) * p->kernel_floor_us;
 	}
 	case KILN_OPCLASS_ATTN: {
 		/* Causal: flash kernels skip the masked half; eager computes the
 		 * whole score matrix. */
 		double work = m->attention == KILN_ATTN_FLASH ? flops / 2 : flops;
-		double c = work / (peak * p->attention_efficiency), mem = traffic / hbm;
+		double c = work / (peak * p->attention_efficiency),
+		       mem = kiln_cost_hbm_us(hw, traffic);
 		if (op->kind == KILN_OP_ATTN_CORE && m->attention == KILN_ATTN_FLASH &&
 		    hw->sfu_tops > 0) {
 			double a = (double)(m->heads >= m->tp ? m->heads / m->tp : 1);
@@ -365,7 +366,6 @@ void kiln_cost_step_estimate(const kiln_ir_graph *g, double r, const kiln_cost_s
 	memset(out, 0, sizeof(*out));
 	double mb = (double)m->micro_batches, p = (double)m->pp;
 	double v = m->schedule == KILN_SCHED_INTERLEAVED && m->vpp > 1 ? (double)m->vpp : 1.0;
-	double hbm = bw_bytes_per_us(hw->hbm_gbps);
 	double worst = 0, worst_f = 0, worst_b = 0, worst_single = 0;
 	for (int32_t s = 0; s < g->n_stages; s++) {
 		const kiln_ir_stage *st = &g->stages[s];
@@ -449,7 +449,7 @@ void kiln_cost_step_estimate(const kiln_ir_graph *g, double r, const kiln_cost_s
 		double shard = m->distributed_optimizer
 		                   ? (double)dense_params / dpg + (double)expert_params / edpg
 		                   : (double)(dense_params + expert_params);
-		double opt = shard * 34 / hbm;
+		double opt = kiln_cost_hbm_us(hw, shard * 34);
 		bool pp_out =
 		    (double)m->devices / p >= dpn; /* stages are devices / pp ranks apart */
 		double send_us =

@@ -75,6 +75,7 @@ typedef struct world {
 	size_t stride; /* scratch entries per (stage, micro-batch): 2 per layer of the largest stage */
 	kiln_load_shape shape;
 	double tokens_per_iter, model_flops, peak_flops;
+	double p2p_us; /* one activation's (or gradient's) transfer between two stages */
 } world;
 
 static double interp(const double *grid, double n_max, double n)
@@ -228,9 +229,17 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 		}
 	kiln_sim_load_shape(c, &w->shape);
 	w->r_max = kiln_sim_load_factor_max(&w->shape);
-	kiln_cost_iteration it;
-	kiln_cost_iteration_estimate(g, 1.0, &it);
-	w->model_flops = it.model_flops;
+	/* From the step-time model (costmodel/step.c), the one time model: the
+	 * model FLOPs as Megatron counts them, and the pipeline's transfer time.
+	 * Its p2p_us is the busiest stage's sends of one micro-batch, one per
+	 * model chunk it holds (v under interleaving, each the same
+	 * activation), so one transfer takes p2p_us / v; the layer times above
+	 * hold none (kiln_cost_op_time_us prices a send 0), the pipeline timing
+	 * adds it between stages (sim/pipeline.c). */
+	kiln_cost_step st;
+	kiln_cost_step_estimate(g, 1.0, NULL, &st);
+	w->model_flops = st.model_flops;
+	w->p2p_us = st.p2p_us / (double)w->v;
 	w->tokens_per_iter = (double)m->global_batch * (double)m->seq_len;
 	w->peak_flops = m->hw.peak_tflops * 1e12;
 	return 0;
@@ -1059,8 +1068,12 @@ static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, in
 	}
 	kiln_arena *pa = kiln_arena_new();
 	kiln_pipe_work pwk = {.kind = w->v > 1 ? KILN_PIPE_INTERLEAVED : KILN_PIPE_1F1B,
-	                      .p = w->p, .m = w->m, .v = w->v,
-	                      .fwd_us = sc->fwd, .bwd_us = sc->bwd};
+	                      .p = w->p,
+	                      .m = w->m,
+	                      .v = w->v,
+	                      .fwd_us = sc->fwd,
+	                      .bwd_us = sc->bwd,
+	                      .p2p_us = pw->p2p_us};
 	kiln_pipe_result pr;
 	if (!pa || kiln_pipe_simulate(&pwk, pa, NULL, &pr) != 0) {
 		/* Once more for the message, prefixed as every simulate error. */

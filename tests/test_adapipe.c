@@ -243,11 +243,14 @@ static int32_t first_layer_of(const kiln_ir_graph *g, kiln_layer_kind kind)
 	return -1;
 }
 
-/* tiny's rates: GEMMs at peak_tflops * gemm_efficiency = 1e12 * 0.5 FLOP/s
- * = 5e5 FLOP/us; HBM at 100 GB/s = 1e5 B/us; an all-to-all over ep = 4
- * ranks of one node moves (4 - 1) / 4 of its bytes at 50 GB/s = 5e4 B/us
- * (docs/cost-model.md, "Op time"). A micro-batch is T = 2 * 128 = 256
- * tokens of h = 64 in bf16 (32,768 B). */
+/* tiny's rates in the step-time model (docs/cost-model.md, "Op time" and
+ * "Step time"), its inline profile stating no time_* figure, so the
+ * defaults hold: GEMMs and the attention core at peak_tflops *
+ * gemm_efficiency = 1e12 * 0.5 FLOP/s = 5e5 FLOP/us whatever their rows,
+ * no kernel floor; HBM at 100 GB/s = 1e5 B/us; an all-to-all over ep = 4
+ * ranks of one node moves (4 - 1) / 4 of its bytes over NVLink at 50 GB/s
+ * = 5e4 B/us. A micro-batch is T = 2 * 128 = 256 tokens of h = 64 in bf16
+ * (32,768 B). */
 #define GEMM_RATE 5e5
 #define HBM_RATE 1e5
 #define EP_RATE 5e4
@@ -288,8 +291,9 @@ Test(adapipe, rerun_times_by_hand)
 	     * then the add (reads 2 * 32,768 B, writes 32,768). */
 	    {false, {"ln2.in"}, 2.0 * 256 * 64 * 64 / GEMM_RATE + 98304.0 / HBM_RATE, false},
 	    /* attn.out and attn.lse: flash attention once, compute-bound at
-	     * 4 * b * s^2 * h = 4 * 2 * 128^2 * 64 FLOPs. */
-	    {false, {"attn.out", "attn.lse"}, 4.0 * 2 * 128 * 128 * 64 / GEMM_RATE, false},
+	     * 4 * b * s^2 * h = 4 * 2 * 128^2 * 64 FLOPs, halved by the causal
+	     * mask (flash kernels skip the masked blocks): 8.388608 us. */
+	    {false, {"attn.out", "attn.lse"}, 4.0 * 2 * 128 * 128 * 64 / 2 / GEMM_RATE, false},
 	    /* ln1.in is the layer's input. */
 	    {false, {"ln1.in"}, 0, true},
 	    /* MoE, at n = 0 rows: moe.expert_in re-runs the dispatch, whose
@@ -685,14 +689,15 @@ Test(adapipe, joint_search_equals_brute_force, .timeout = 240)
  * forward + backward (backward GEMMs twice the forward FLOPs, flash
  * attention's backward 2.5 times; backward HBM traffic twice):
  *   attention block (both kinds), forward: ln1 66,560 B / 1e5 = 0.6656;
- *     qkv 2 * 256 * 64 * (64 + 2 * 32) / 5e5 = 8.388608; core
- *     8,388,608 / 5e5 = 16.777216; out_proj 4.194304; residual 0.98304;
- *     ln2 0.6656; backward 1.96608 + 8.388608 + 41.94304 + 16.777216 +
- *     1.3312 + 1.3312.
+ *     qkv 2 * 256 * 64 * (64 + 2 * 32) / 5e5 = 8.388608; core 8,388,608
+ *     FLOPs halved by the causal mask, 4,194,304 / 5e5 = 8.388608 (its
+ *     bytes, about 0.1 MB, take 1 us); out_proj 4.194304; residual
+ *     0.98304; ln2 0.6656; backward 1.96608 + 8.388608 + 20.97152 (2.5 x
+ *     8,388,608 / 2 / 5e5) + 16.777216 + 1.3312 + 1.3312.
  *   dense MLP, forward: up 2 * 256 * 64 * 512 / 5e5 = 33.554432; act
  *     3.93216; down 16.777216; residual 0.98304; backward 1.96608 +
  *     33.554432 + 7.86432 + 67.108864.
- *   dense layer: 86.921216 forward + 182.23104 backward = 269.152256.
+ *   dense layer: 78.532608 forward + 161.25952 backward = 239.792128.
  *   MoE block, forward: router 2 * 256 * 64 * 8 / 5e5 = 0.524288; softmax
  *     0.16384; permute (100,352 + 8 n) / 1e5 = 1.052672; dispatch 0.75 *
  *     132 n / 5e4 = 1.216512; expert up 32,768 n / 5e5 = 40.2653184; act
@@ -700,17 +705,21 @@ Test(adapipe, joint_search_equals_brute_force, .timeout = 240)
  *     0.75 * 128 n / 5e4 = 1.179648; unpermute 0.98304; residual 0.98304;
  *     backward 1.96608 + 1.96608 + 1.179648 + 40.2653184 + 9.486336 +
  *     80.5306368 + 1.216512 + 2.105344 + 0.32768 + 1.048576.
- *   MoE layer: 102.9185536 forward + 211.8295552 backward = 314.7481088.
+ *   MoE layer: 94.5299456 forward + 190.8580352 backward = 285.3879808.
  *   head: final norm 0.6656, lm_head 2 * 256 * 64 * 256 / 5e5 =
- *     16.777216, loss 263,168 B / 1e5 = 2.63168, backward 5.26336 +
- *     33.554432 + 1.3312: 60.223488.
+ *     16.777216, loss as Megatron's fused cross entropy runs it over
+ *     256 * 256 = 65,536 logits (docs/cost-model.md, "What Megatron-Core
+ *     runs"): forward e + 20 = 22 B per logit and the lowering's 4 B per
+ *     token, 1,442,816 B / 1e5 = 14.42816; backward e + 12 = 14 B per
+ *     logit and 8 per token, 919,552 B / 1e5 = 9.19552; with lm_head's
+ *     33.554432 and the norm's 1.3312 backward: 75.952128.
  *   embedding: 65,536 B / 1e5 + 131,072 / 1e5 = 1.96608.
  * tiny's even split: stage 1 (4 MoE layers and the head, one micro-batch
- * in flight) keeps everything at 1.2: 4 * 314.7481088 + 60.223488 =
- * 1319.2159232 us. Stage 0 (embedding, 1 dense, 3 MoE, two in flight) does
+ * in flight) keeps everything at 1.2: 4 * 285.3879808 + 75.952128 =
+ * 1217.5040512 us. Stage 0 (embedding, 1 dense, 3 MoE, two in flight) does
  * not fit keeping everything, and its cheapest fitting plan re-runs six
  * norms (both of each MoE layer's, 66,560 B / 1e5 = 0.6656 us each):
- * 1.96608 + 269.152256 + 3 * 314.7481088 + 6 * 0.6656 = 1219.3562624 us. */
+ * 1.96608 + 239.792128 + 3 * 285.3879808 + 6 * 0.6656 = 1101.9157504 us. */
 Test(adapipe, stage_times_by_hand)
 {
 	kiln_arena *a = kiln_arena_new();
@@ -720,8 +729,8 @@ Test(adapipe, stage_times_by_hand)
 	kiln_adapipe *x;
 	cr_assert_eq(kiln_adapipe_new(&c, a, &x), 0);
 	double s0 = kiln_adapipe_stage_us(x, 0, 0, 4), s1 = kiln_adapipe_stage_us(x, 1, 4, 4);
-	cr_assert_float_eq(s0, 1219.3562624, 1e-6, "stage 0: %.17g us", s0);
-	cr_assert_float_eq(s1, 1319.2159232, 1e-6, "stage 1: %.17g us", s1);
+	cr_assert_float_eq(s0, 1101.9157504, 1e-6, "stage 0: %.17g us", s0);
+	cr_assert_float_eq(s1, 1217.5040512, 1e-6, "stage 1: %.17g us", s1);
 	/* The brute force agrees that stage 0 must recompute, and with the
 	 * least it recomputes. */
 	jmodel j;

@@ -344,8 +344,14 @@ Test(costmodel_activation, stage_sum_at_load)
 
 /* ---------------------------------------------------------------- time */
 
-/* Op times by hand: peak 1000 TFLOP/s at efficiency 0.5 = 5e8 FLOPs per us;
- * HBM 3000 GB/s = 3e6 bytes per us; intra-node 400 GB/s, inter-node 50. */
+/* Op times by hand through kiln_cost_op_time_us, which is the step-time
+ * model's kiln_cost_step_op_us with the profile's own figures
+ * (docs/cost-model.md, "Op time" and "Step time"). kt_model_init's profile
+ * states no time_* figure, so its defaults hold: GEMMs and attention at
+ * gemm_efficiency 0.5 whatever their rows, collectives at the full link
+ * rate, no kernel floor. Peak 1000 TFLOP/s at 0.5 = 5e8 FLOPs per us; HBM
+ * 3000 GB/s = 3e6 bytes per us; intra-node 400 GB/s = 4e5 bytes per us,
+ * inter-node 50 GB/s = 5e4; nodes of 8. */
 Test(costmodel_time, ops_by_hand)
 {
 	kt_model tm;
@@ -353,15 +359,26 @@ Test(costmodel_time, ops_by_hand)
 	kiln_ir_graph g = {.model = &tm.m};
 	kiln_ir_op op = {.kind = KILN_OP_FFN_UP, .flops = {1e12, 0}};
 	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 2000.0, 1e-9);
+	/* Backward: data gradient and weight gradient, each half the FLOPs,
+	 * both at 0.5 without a rows figure: 2e12 / 5e8. */
+	op.backward = true;
+	op.flops.base = 2e12;
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 4000.0, 1e-9);
 	op = (kiln_ir_op){.kind = KILN_OP_EXPERT_UP, .flops = {0, 1e9}};
 	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 3), 6.0, 1e-9);
 	op = (kiln_ir_op){.kind = KILN_OP_NORM, .traffic = {6e9, 0}};
 	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 2000.0, 1e-9);
-	/* Attention: the slower of 1e12 FLOPs (2000 us) and 3e9 bytes (1000 us). */
+	/* Flash attention: the causal mask halves the work: 5e11 FLOPs (1000
+	 * us) against 3e9 bytes (1000 us); 9e9 bytes (3000 us) win. Eager
+	 * computes the whole score matrix: 1e12 FLOPs, 2000 us. */
 	op = (kiln_ir_op){.kind = KILN_OP_ATTN_CORE, .flops = {1e12, 0}, .traffic = {3e9, 0}};
-	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 2000.0, 1e-9);
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 1000.0, 1e-9);
 	op.traffic.base = 9e9;
 	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 3000.0, 1e-9);
+	tm.m.attention = KILN_ATTN_EAGER;
+	op.traffic.base = 3e9;
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 2000.0, 1e-9);
+	tm.m.attention = KILN_ATTN_FLASH;
 	/* All-reduce of 4e9 bytes over 4 ranks in a node: 2*3/4*4e9/400e9 s. */
 	op = (kiln_ir_op){.kind = KILN_OP_TP_COMM,
 	                  .comm_bytes = {4e9, 0},
@@ -375,31 +392,93 @@ Test(costmodel_time, ops_by_hand)
 	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 75000.0, 1e-6);
 	op.collective = KILN_COLL_NONE;
 	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 0.0, 1e-12);
-	/* All-to-all of 1e6 bytes per row at N = 1000 over ep = 8: 7/8*1e9/400e9. */
+	/* All-to-all of 1e6 bytes per row at N = 1000 over ep = 8 in one node:
+	 * the rank's own 1/8 stays, 7/8 * 1e9 bytes over NVLink at 4e5 bytes
+	 * per us: 2187.5 us. */
+	tm.m.moe = true;
+	tm.m.experts = 16;
+	tm.m.top_k = 2;
+	tm.m.ep = 8;
 	op = (kiln_ir_op){.kind = KILN_OP_DISPATCH,
 	                  .comm_bytes = {0, 1e6},
 	                  .comm_group = 8,
 	                  .collective = KILN_COLL_ALL_TO_ALL};
 	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 1000), 2187.5, 1e-6);
-	op.comm_group = 1;
+	/* ep = 16 over two nodes: 7/16 of 1e9 bytes over NVLink (1093.75 us)
+	 * beside 8/16 over the inter-node links (5e8 / 5e4 = 10000 us); the
+	 * slower sets the time (the roofline priced all 15/16 at 50 GB/s:
+	 * 18750 us). */
+	tm.m.ep = 16;
+	op.comm_group = 16;
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 1000), 10000.0, 1e-6);
+	tm.m.ep = 1;
 	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 1000), 0.0, 1e-12);
-	/* Pipeline send of 1e9 bytes at 50 GB/s; a receive costs nothing. */
+	/* Pipeline sends overlap compute in steady state and cost 0 per op;
+	 * the step's p2p_us prices them (pipeline_bubble below). */
 	op = (kiln_ir_op){.kind = KILN_OP_PP_SEND,
 	                  .comm_bytes = {1e9, 0},
 	                  .comm_group = 2,
 	                  .collective = KILN_COLL_SEND};
-	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 20000.0, 1e-6);
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 0.0, 1e-12);
 	op.collective = KILN_COLL_RECV;
 	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 0.0, 1e-12);
 }
 
+/* The profile's fitted figures reach the planner's op times: the test
+ * profile given h100-sxm.yaml's time_* values (time_gemm_efficiency 0.85,
+ * time_gemm_half_rows 1600, time_attention_efficiency 0.30,
+ * time_comm_efficiency 0.95, time_inter_node_efficiency 0.57,
+ * time_kernel_floor_us 5), its own round peak and bandwidths kept. */
+Test(costmodel_time, ops_use_the_profile_figures)
+{
+	kt_model tm;
+	kt_model_init(&tm);
+	kiln_hardware *hw = &tm.m.hw;
+	hw->time_gemm_efficiency = 0.85;
+	hw->time_gemm_half_rows = 1600;
+	hw->time_attention_efficiency = 0.30;
+	hw->time_comm_efficiency = 0.95;
+	hw->time_inter_node_efficiency = 0.57;
+	hw->time_kernel_floor_us = 5;
+	kiln_ir_graph g = {.model = &tm.m};
+	/* A dense GEMM of one micro-batch's 128 rows runs at 0.85 * 128 /
+	 * (128 + 1600) = 0.062963 of peak: 1e12 / (1e9 * 0.85 * 128 / 1728) =
+	 * 1728e3 / 108.8 = 15882.352941 us. */
+	kiln_ir_op op = {.kind = KILN_OP_FFN_UP, .flops = {1e12, 0}};
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 1728e3 / 108.8, 1e-6);
+	/* Its backward: the data gradient (1e12 FLOPs) at that share, the
+	 * weight gradient (1e12) at 0.85: 15882.352941 + 1e3 / 0.85 =
+	 * 15882.352941 + 1176.470588 = 17058.823529 us. */
+	op.backward = true;
+	op.flops.base = 2e12;
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 1728e3 / 108.8 + 1e3 / 0.85, 1e-6);
+	/* A memory-bound kernel: 6e9 bytes at 3e6 bytes per us, 2000 us, plus
+	 * the 5 us floor. */
+	op = (kiln_ir_op){.kind = KILN_OP_NORM, .traffic = {6e9, 0}};
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 2005.0, 1e-9);
+	/* Flash attention: 5e11 causal FLOPs at 0.30 of 1e9 per us =
+	 * 1666.666667 us, above its 3e9 bytes (1000 us); plus the floor. */
+	op = (kiln_ir_op){.kind = KILN_OP_ATTN_CORE, .flops = {1e12, 0}, .traffic = {3e9, 0}};
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 5e11 / 3e8 + 5, 1e-6);
+	/* All-reduce of 4e9 bytes over 4 ranks in a node at 0.95 of 4e5 bytes
+	 * per us: 6e9 / 3.8e5 = 15789.473684 us. */
+	op = (kiln_ir_op){.kind = KILN_OP_TP_COMM,
+	                  .comm_bytes = {4e9, 0},
+	                  .comm_group = 4,
+	                  .collective = KILN_COLL_ALL_REDUCE};
+	cr_expect_float_eq(kiln_cost_op_time_us(&g, &op, 0), 6e9 / 3.8e5, 1e-6);
+}
+
 /* One dense layer, t = 1, flash, GeLU ffn 256, T = 128, h = 64, H = 4,
- * d = 16, vocab 1000, with HBM made so fast that memory-bound ops vanish.
+ * d = 16, vocab 1000, with HBM made so fast that memory-bound ops vanish,
+ * on the test profile (every GEMM and the attention core at 0.5 of 1000
+ * TFLOP/s: 5e8 FLOPs per us; no floor, no host time).
  * Forward FLOPs: qkv 2*128*64*192 = 3,145,728; core 2*128^2*4*32 =
- * 4,194,304; out_proj 2*128*64*64 = 1,048,576; ffn_up and ffn_down
- * 2*128*64*256 = 4,194,304 each; lm_head 2*128*64*1000 = 16,384,000;
- * total 33,161,216. Backward: 2x except the core at 2.5x:
- * 2*(33,161,216 - 4,194,304) + 2.5*4,194,304 = 68,419,584. */
+ * 4,194,304, halved by the causal mask: 2,097,152; out_proj 2*128*64*64 =
+ * 1,048,576; ffn_up and ffn_down 2*128*64*256 = 4,194,304 each; lm_head
+ * 2*128*64*1000 = 16,384,000; total 31,064,064. Backward: 2x the GEMMs
+ * (2 * 28,966,912 = 57,933,824) and 2.5x the core, halved (5,242,880):
+ * 63,176,704. */
 Test(costmodel_time, iteration_by_hand)
 {
 	kt_model tm;
@@ -414,12 +493,13 @@ Test(costmodel_time, iteration_by_hand)
 	double rate = 5e8; /* FLOPs per us */
 	double f, b;
 	kiln_cost_stage_time(g, 0, 1.0, &f, &b);
-	cr_expect(fabs(f - 33161216.0 / rate) < 1e-6 * f, "fwd %g", f);
-	cr_expect(fabs(b - 68419584.0 / rate) < 1e-6 * b, "bwd %g", b);
-	kiln_cost_iteration it;
-	kiln_cost_iteration_estimate(g, 1.0, &it);
-	/* p = 1, m = 4: iteration = 4 * (fwd + bwd). */
-	double iter_s = 4 * (33161216.0 + 68419584.0) / rate * 1e-6;
+	cr_expect(fabs(f - 31064064.0 / rate) < 1e-6 * f, "fwd %g", f);
+	cr_expect(fabs(b - 63176704.0 / rate) < 1e-6 * b, "bwd %g", b);
+	kiln_cost_step it;
+	kiln_cost_step_estimate(g, 1.0, NULL, &it);
+	/* p = 1, m = 4, one device: iteration = 4 * (fwd + bwd) plus the
+	 * optimizer step at the (vanishing) HBM rate. */
+	double iter_s = 4 * (31064064.0 + 63176704.0) / rate * 1e-6;
 	cr_expect(fabs(it.iteration_s - iter_s) < 1e-6 * iter_s);
 	cr_expect_float_eq(it.bubble_fraction, 0.0, 1e-12);
 	/* Model FLOPs as Megatron counts them (training.py, transformer_flops):
@@ -434,8 +514,18 @@ Test(costmodel_time, iteration_by_hand)
 	kiln_arena_free(a);
 }
 
-/* 1F1B with p = 4, m = 8: iteration = (m + p - 1) * slowest stage, bubble
- * (p-1)/(m+p-1) = 3/11; interleaved v = 2: (m + (p-1)/v), bubble 1.5/9.5. */
+/* 1F1B with p = 4, m = 8 on 4 devices (one per stage, all in one node):
+ * the step is (m + p - 1) * slowest stage, plus the fill's and drain's
+ * pipeline sends, 2 * (p - 1) of them, plus the optimizer; interleaved v =
+ * 2: (m + (p-1)/v) stage times. A send is one micro-batch's activation,
+ * 2 bytes * 128 tokens * 64 = 16,384 bytes, at NVLink's 4e5 bytes per us
+ * (stages are one device apart, inside a node): 0.04096 us; the busiest
+ * stage sends once per chunk it holds, v times. The optimizer (Adam, no
+ * distributed optimizer, dp 1): 34 bytes per weight element at 3e6 bytes
+ * per us on the stage with most: the last, 2v layers (pp_model: 2 per
+ * chunk) of (qkv 64*192 + out 64*64 + SwiGLU 3*64*256 + norms 2*64) =
+ * 65,664 each, the final norm 64 and the untied lm_head 1000*64: 195,392
+ * elements for v = 1 (2.214443 us), 326,720 for v = 2 (3.702827 us). */
 Test(costmodel_time, pipeline_bubble)
 {
 	for (int64_t v = 1; v <= 2; v++) {
@@ -449,12 +539,18 @@ Test(costmodel_time, pipeline_bubble)
 			kiln_cost_stage_time(g, s, 1.0, &f, &b);
 			worst = f + b > worst ? f + b : worst;
 		}
-		kiln_cost_iteration it;
-		kiln_cost_iteration_estimate(g, 1.0, &it);
+		kiln_cost_step it;
+		kiln_cost_step_estimate(g, 1.0, NULL, &it);
 		double bubble = 3.0 / (double)v;
-		cr_expect(fabs(it.iteration_s - (8 + bubble) * worst * 1e-6) <
-		          1e-9 * it.iteration_s);
-		cr_expect_float_eq(it.bubble_fraction, bubble / (8 + bubble), 1e-12);
+		double p2p = 16384.0 * (double)v / 4e5;
+		double opt = (2.0 * (double)v * 65664 + 64064) * 34 / 3e6;
+		cr_expect(fabs(it.p2p_us - p2p) < 1e-12, "p2p %g", it.p2p_us);
+		cr_expect(fabs(it.optimizer_us - opt) < 1e-9, "optimizer %g", it.optimizer_us);
+		cr_expect_float_eq(it.dp_exposed_us, 0.0, 1e-12);
+		double fill = bubble * worst + 2 * 3 * p2p;
+		double total = 8 * worst + fill + opt;
+		cr_expect(fabs(it.iteration_s - total * 1e-6) < 1e-9 * it.iteration_s);
+		cr_expect_float_eq(it.bubble_fraction, fill / total, 1e-12);
 		cr_expect_eq(it.slowest_stage, 3); /* the head's lm_head dominates */
 		kiln_arena_free(a);
 	}
