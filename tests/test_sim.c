@@ -916,3 +916,64 @@ Test(sim, router_log_converts_to_a_trace_that_replays, .timeout = 120)
 	free(tokens);
 	free(factors);
 }
+
+/* The pipeline's transfers take the step-time model's send time
+ * (docs/simulator.md, "Pipeline and iteration time"). tiny: pp 2, 8
+ * devices, nodes of 4, so a stage's 4 ranks fill a node and the two stages
+ * talk over the inter-node links, 10 GB/s at the default efficiency 1 (its
+ * profile states no time_* figure): one micro-batch's activation, 2 bytes *
+ * 256 tokens * 64 = 32,768 bytes, takes 32,768 / 1e4 = 3.2768 us. Under the
+ * balanced profile every rank takes its balanced rows, so with unbounded
+ * (no plan, no exposure) the iteration is the 1F1B makespan of m = 32 / (2 *
+ * 4) = 4 micro-batches of each stage's forward and backward at load 1
+ * (kiln_cost_stage_time, the op times the simulator tabulates) with that
+ * transfer between the stages: sim/pipeline.c's timing, checked by hand in
+ * tests/test_pipeline.c. */
+Test(sim, pipeline_transfers_take_the_step_models_send_time)
+{
+	fixture f;
+	setup(&f, "examples/models/tiny.yaml");
+	const kiln_ir_graph *g = f.c.graph;
+	cr_assert_eq(g->n_stages, 2);
+	cr_assert_eq(f.c.model->micro_batches, 4);
+	kiln_cost_step st;
+	kiln_cost_step_estimate(g, 1.0, NULL, &st);
+	cr_expect(fabs(st.p2p_us - 3.2768) < 1e-12, "p2p %.17g us", st.p2p_us);
+	double fwd[8], bwd[8];
+	for (int32_t s = 0; s < 2; s++) {
+		double fs, bs;
+		kiln_cost_stage_time(g, s, 1.0, &fs, &bs);
+		for (int i = 0; i < 4; i++) {
+			fwd[s * 4 + i] = fs;
+			bwd[s * 4 + i] = bs;
+		}
+	}
+	kiln_pipe_work pw = {.kind = KILN_PIPE_1F1B,
+	                     .p = 2,
+	                     .m = 4,
+	                     .v = 1,
+	                     .fwd_us = fwd,
+	                     .bwd_us = bwd,
+	                     .p2p_us = 3.2768};
+	kiln_pipe_result with, without;
+	cr_assert_eq(kiln_pipe_simulate(&pw, f.a, stderr, &with), 0);
+	pw.p2p_us = 0;
+	cr_assert_eq(kiln_pipe_simulate(&pw, f.a, stderr, &without), 0);
+	cr_assert_gt(with.makespan_us, without.makespan_us);
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse("balanced", f.c.model->max_factor, f.a, stderr, &prof), 0);
+	kiln_sim_policy_kind unb = KILN_SIM_UNBOUNDED;
+	kiln_sim_config cfg = {.c = &f.c,
+	                       .loads = prof,
+	                       .iterations = 2,
+	                       .seed = 7,
+	                       .restart_s = 284,
+	                       .checkpoint_every = 100,
+	                       .exact = 1};
+	kiln_sim_result r;
+	cr_assert_eq(kiln_sim_run(&cfg, &unb, 1, f.a, stderr, &r), 0);
+	cr_expect_eq(r.ooms, 0);
+	cr_expect(fabs(r.iteration_s - with.makespan_us * 1e-6) < 1e-9 * r.iteration_s,
+	          "iteration %.17g s, pipeline %.17g s", r.iteration_s, with.makespan_us * 1e-6);
+	teardown(&f);
+}
