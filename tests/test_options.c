@@ -655,6 +655,72 @@ Test(options, oversized_group_split)
 	cr_assert_float_eq(in.groups[2].choices[1].recompute_us, 10.0, 1e-9);
 }
 
+/* A recompute and an offload priced by the one time model (docs/cost-model.md,
+ * "HBM time"): tiny's hardware given h100-sxm's 5 us kernel floor; one
+ * memory-bound op (1e6 bytes at 100 GB/s: 10 us) makes one 1,000-byte
+ * saved tensor y from the layer's input x. Recomputing y re-runs the op:
+ * 10 us of HBM time plus the floor of its one kernel, 15 us. Offloading y
+ * costs the copy engine's HBM share, both copies of its 1,000 bytes: 2,000
+ * bytes at 1e5 bytes per us, 0.02 us, and no floor (a transfer, not a
+ * kernel). Without the floor the recompute is the HBM time alone. */
+Test(options, recompute_pays_the_kernel_floor_an_offload_does_not)
+{
+	for (int with_floor = 0; with_floor < 2; with_floor++) {
+		kiln_model *m = NULL;
+		cr_assert_eq(
+		    kiln_frontend_load_file(kt_src("examples/models/tiny.yaml"), arena, stderr, &m),
+		    0);
+		m->hw.time_kernel_floor_us = with_floor ? 5 : 0;
+		kiln_ir_builder *b = kiln_ir_builder_new(arena, m);
+		cr_assert_not_null(b);
+		cr_assert_eq(kiln_ir_builder_stage(b), 0);
+		cr_assert_geq(kiln_ir_builder_layer(b, KILN_LAYER_DENSE, 0, 0, 0), 0);
+		int32_t x = kiln_ir_builder_tensor(b, "x", (kiln_lin){1000, 0}, KILN_T_SAVED, -1);
+		int32_t y = kiln_ir_builder_tensor(b, "y", (kiln_lin){1000, 0}, KILN_T_SAVED, -1);
+		kiln_ir_op in_op = {.kind = KILN_OP_INPUT,
+		                    .forward = -1,
+		                    .name = "input",
+		                    .outputs = &x,
+		                    .n_outputs = 1};
+		cr_assert_geq(kiln_ir_builder_op(b, &in_op), 0);
+		kiln_ir_op act = {.kind = KILN_OP_FFN_ACT,
+		                  .forward = -1,
+		                  .name = "act",
+		                  .traffic = {1e6, 0},
+		                  .inputs = &x,
+		                  .n_inputs = 1,
+		                  .outputs = &y,
+		                  .n_outputs = 1};
+		cr_assert_geq(kiln_ir_builder_op(b, &act), 0);
+		kiln_ir_graph *g = kiln_ir_builder_finish(b);
+		cr_assert_not_null(g);
+		kiln_unit_set *sets;
+		int32_t n;
+		sets_of(g, &sets, &n);
+		cr_assert_eq(n, 1);
+		kiln_plan_instance in;
+		cr_assert_eq(kiln_pass_options(g, &sets[0], 0, &ADAPTIVE, arena, &in), 0);
+		cr_assert_eq(kiln_cost_instance_check(&in), 0);
+		double rec = -1, off = -1;
+		for (int32_t gi = 0; gi < in.n_groups; gi++) {
+			const kiln_plan_group *gr = &in.groups[gi];
+			for (int32_t k = 0; k < gr->n_units; k++) {
+				if (strcmp(sets[0].units[gr->units[k]].name, "y") != 0)
+					continue;
+				cr_assert_eq(gr->n_units, 1);
+				for (int32_t c = 0; c < gr->n_choices; c++) {
+					if (gr->choices[c].actions[0] == KILN_ACT_RECOMPUTE)
+						rec = gr->choices[c].recompute_us;
+					if (gr->choices[c].actions[0] == KILN_ACT_OFFLOAD)
+						off = gr->choices[c].recompute_us;
+				}
+			}
+		}
+		cr_expect_float_eq(rec, with_floor ? 15.0 : 10.0, 1e-9, "recompute %g us", rec);
+		cr_expect_float_eq(off, 0.02, 1e-12, "offload %g us", off);
+	}
+}
+
 /* Bad arguments: too many units, a negative or non-finite load. */
 Test(options, rejects_bad_arguments)
 {
