@@ -52,10 +52,12 @@ static int group_mode(const kiln_rt *rt, const kiln_query *q, const kiln_blob_la
 
 /* Puts the set's fallback in *out (the adaptive decision's bucket, load
  * factor, need and avail stay): its bytes and exposed time at this rank's
- * rows, OVER_BUDGET when its resident bytes and backward transient exceed
- * this rank's free bytes. */
+ * rows (exact: the real bytes equal resident_bytes), OVER_BUDGET when they
+ * do not fit this rank's avail, counting the part of the fallback's
+ * backward transient beyond the stage's transient, which avail already
+ * reserves. The flag is this rank's; the plan is the group's. */
 static void group_substitute(const kiln_rt *rt, const kiln_blob_set *S, const kiln_blob_group *g,
-                             uint64_t rows, uint64_t free_bytes, kiln_plan *out)
+                             uint64_t rows, uint64_t stage_transient, kiln_plan *out)
 {
 	const kiln_blob_plan *pl = &rt->plans[g->plan];
 	uint64_t res = sat_add(g->resident_base_bytes, sat_mul(g->resident_per_row_bytes, rows));
@@ -69,7 +71,7 @@ static void group_substitute(const kiln_rt *rt, const kiln_blob_set *S, const ki
 	out->transient_bytes = tr;
 	out->exposed_us = (float)(g->exposed_base_us + g->exposed_per_row_us * (double)rows);
 	out->flags = (out->flags & KILN_PLAN_LOAD_BEYOND) | KILN_PLAN_GROUP_FALLBACK;
-	if (sat_add(res, tr) > free_bytes)
+	if (sat_add(res, tr > stage_transient ? tr - stage_transient : 0) > out->avail_bytes)
 		out->flags |= KILN_PLAN_OVER_BUDGET;
 }
 
@@ -226,7 +228,7 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	    .group_max_rows = group_max,
 	};
 	if (fallback)
-		group_substitute(rt, S, &rt->groups[L->set], rows, free_bytes, out);
+		group_substitute(rt, S, &rt->groups[L->set], rows, st->transient_bytes, out);
 	return 0;
 }
 
