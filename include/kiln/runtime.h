@@ -245,9 +245,14 @@ typedef struct kiln_plan {
  * a layer does not keep gigabytes to save a millisecond that its
  * micro-batch's later layers then pay for many times over. With
  * KILN_PLAN_LOAD_BEYOND the figures are the last bucket's and the real bytes
- * may exceed them. Never allocates, never blocks; safe from many threads on
- * one handle; O(n_tokens) plus two table lookups with short scans, and one
- * lookup for the knee. */
+ * may exceed them. With group_rows (blob 1.1), when some rank of the
+ * group has more rows than the set's fit_rows, every rank of the group
+ * gets the set's fallback plan instead, with KILN_PLAN_GROUP_FALLBACK: a
+ * function of the blob, the layer and the largest count only, so every
+ * rank given the same counts in any order answers alike (docs/runtime.md,
+ * "Beyond the declared load"). Never allocates, never blocks; safe from
+ * many threads on one handle; O(n_tokens + group_size) plus two table
+ * lookups with short scans, and one lookup for the knee. */
 int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out);
 
 /* ---------------------------------------------------------------- templates */
