@@ -69,7 +69,10 @@ static void group_substitute(const kiln_rt *rt, const kiln_blob_set *S, const ki
 	out->resident_bytes = res;
 	out->saved_bytes = sat_add(g->saved_base_bytes, sat_mul(g->saved_per_row_bytes, rows));
 	out->transient_bytes = tr;
-	out->exposed_us = (float)(g->exposed_base_us + g->exposed_per_row_us * (double)rows);
+	/* Finite and >= 0 (open checks both terms); past FLT_MAX a float
+	 * conversion would be undefined. */
+	double ex = g->exposed_base_us + g->exposed_per_row_us * (double)rows;
+	out->exposed_us = ex < 3.0e38 ? (float)ex : 3.0e38f;
 	out->flags = (out->flags & KILN_PLAN_LOAD_BEYOND) | KILN_PLAN_GROUP_FALLBACK;
 	if (sat_add(res, tr > stage_transient ? tr - stage_transient : 0) > out->avail_bytes)
 		out->flags |= KILN_PLAN_OVER_BUDGET;
