@@ -529,6 +529,32 @@ static int write_sets_and_templates(writer *w)
 	return 0;
 }
 
+/* 1.1: per set, the EP group's fallback (passes/passes.h,
+ * kiln_group_fallback); a compilation without it writes plan none. */
+static int write_groups(writer *w)
+{
+	const kiln_compilation *c = w->c;
+	for (int32_t k = 0; k < c->n_sets; k++) {
+		kiln_blob_group rec = {.set = (uint32_t)k, .plan = UINT32_MAX};
+		const kiln_group_fallback *gf = c->groups ? &c->groups[k] : NULL;
+		if (gf && gf->plan >= 0) {
+			rec.plan = (uint32_t)gf->plan;
+			rec.fit_rows = gf->fit_rows;
+			rec.resident_base_bytes = gf->resident.base;
+			rec.resident_per_row_bytes = gf->resident.per_n;
+			rec.saved_base_bytes = gf->saved.base;
+			rec.saved_per_row_bytes = gf->saved.per_n;
+			rec.transient_base_bytes = gf->transient.base;
+			rec.transient_per_row_bytes = gf->transient.per_n;
+			rec.exposed_base_us = gf->exposed_base_us;
+			rec.exposed_per_row_us = gf->exposed_per_row_us;
+		}
+		if (!PUSH(w, GROUPS, rec))
+			return fail(w, "out of memory");
+	}
+	return 0;
+}
+
 static size_t record_bytes(int id)
 {
 	switch (id) {
@@ -647,7 +673,8 @@ int kiln_blob_build(const kiln_compilation *c, FILE *err, unsigned char **out, s
 			w.tpl_of_plan[p] = i;
 	}
 	if (write_stages_layers(&w) == 0 && write_tables(&w) == 0 &&
-	    write_sets_and_templates(&w) == 0 && assemble(&w, out, out_len) == 0)
+	    write_sets_and_templates(&w) == 0 && write_groups(&w) == 0 &&
+	    assemble(&w, out, out_len) == 0)
 		rc = 0;
 out:
 	for (int i = 0; i < KILN_SEC_COUNT; i++)

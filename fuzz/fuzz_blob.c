@@ -183,9 +183,36 @@ static void select_some(const kiln_rt *rt, int32_t model_layer, const kiln_rt_la
 		}
 		q.free_bytes = from_accounting ? KILN_RT_FREE_FROM_ACCOUNTING : pick_u64(1u << 30);
 		q.pending = (uint32_t)(rng() % 5);
+		/* Sometimes the EP group's rows (blob 1.1's group fallback). */
+		uint32_t group[8];
+		if (rng() % 2) {
+			q.group_size = (int32_t)(rng() % 9);
+			for (int32_t r = 0; r < q.group_size; r++)
+				group[r] = (uint32_t)pick_u64(li->balanced_rows);
+			q.group_rows = group;
+		}
 		kiln_plan p;
-		if (kiln_rt_select(rt, &q, &p) == KILN_RT_OK)
-			check_plan(rt, li, &p);
+		if (kiln_rt_select(rt, &q, &p) != KILN_RT_OK)
+			continue;
+		check_plan(rt, li, &p);
+		if (q.group_size > 1) {
+			/* The group's answer does not depend on the order of its
+			 * counts, nor on this rank's own rows or free memory. */
+			uint32_t first = group[0];
+			memmove(group, group + 1, sizeof(uint32_t) * (size_t)(q.group_size - 1));
+			group[q.group_size - 1] = first;
+			q.total_rows = pick_u64(li->balanced_rows);
+			q.tokens = NULL;
+			q.free_bytes = pick_u64(1u << 30);
+			kiln_plan o;
+			if (kiln_rt_select(rt, &q, &o) == KILN_RT_OK) {
+				CHECK((o.flags & KILN_PLAN_GROUP_FALLBACK) ==
+				      (p.flags & KILN_PLAN_GROUP_FALLBACK));
+				if (p.flags & KILN_PLAN_GROUP_FALLBACK)
+					CHECK(o.plan == p.plan && o.actions == p.actions);
+				check_plan(rt, li, &o);
+			}
+		}
 	}
 }
 

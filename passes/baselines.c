@@ -708,6 +708,68 @@ int kiln_megatron_search_beside(const kiln_compilation *c, double load,
 	return 0;
 }
 
+/* The EP group's fallback of every set (struct kiln_group_fallback):
+ * full recompute's plan, its bytes as lines in the rows, its exposed time
+ * as the line through the first and the last bucket, and the rows up to
+ * which the stage's maximal-saving plan fits (the last bucket within the
+ * budget's safety_factor, passes/budget.c). */
+static int group_fallbacks(kiln_compilation *c)
+{
+	kiln_arena *a = c->arena;
+	c->groups =
+	    kiln_arena_alloc(a, sizeof(kiln_group_fallback) * (size_t)(c->n_sets ? c->n_sets : 1));
+	if (!c->groups)
+		return -1;
+	for (int32_t i = 0; i < c->n_sets; i++) {
+		const kiln_unit_set *set = &c->sets[i];
+		kiln_group_fallback *gf = &c->groups[i];
+		memset(gf, 0, sizeof *gf);
+		gf->plan = -1;
+		if (set->kind != KILN_LAYER_MOE)
+			continue;
+		gf->plan = c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[i];
+		const uint8_t *act = c->pool->actions[gf->plan];
+		for (int32_t u = 0; u < set->n_units; u++) {
+			const kiln_unit *un = &set->units[u];
+			kiln_lin *to = act[u] == KILN_ACT_KEEP ? &gf->resident : &gf->saved;
+			to->base += un->bytes.base;
+			to->per_n += un->bytes.per_n;
+			if (act[u] == KILN_ACT_RECOMPUTE || act[u] == KILN_ACT_OFFLOAD) {
+				int ws = act[u] == KILN_ACT_RECOMPUTE;
+				gf->transient.base +=
+				    un->bytes.base + (ws ? un->workspace_bytes.base : 0);
+				gf->transient.per_n +=
+				    un->bytes.per_n + (ws ? un->workspace_bytes.per_n : 0);
+			}
+		}
+		double balanced = c->graph->layers[set->layer].n_balanced;
+		double sf = c->budgets[set->stage].safety_factor;
+		for (int32_t b = 0; b < c->n_buckets; b++)
+			if (c->buckets[b] <= sf * (1 + 1e-12))
+				gf->fit_rows = (uint64_t)floor(c->buckets[b] * balanced + 1e-9);
+		/* Scheduled as the simulator schedules full recompute (sim/policy.c,
+		 * static_cost). */
+		const kiln_plan_table *t0 = &c->tables[(size_t)i * (size_t)c->n_buckets];
+		const kiln_plan_table *t1 = t0 + c->n_buckets - 1;
+		double e0, e1, serial;
+		kiln_arena *scratch = kiln_arena_new();
+		if (!scratch)
+			return -1;
+		int rc = kiln_interleave_exposed(c, t0, act, scratch, &e0, &serial);
+		if (rc == 0)
+			rc = kiln_interleave_exposed(c, t1, act, scratch, &e1, &serial);
+		kiln_arena_free(scratch);
+		if (rc != 0)
+			return -1;
+		double per = t1->n > t0->n ? (e1 - e0) / (t1->n - t0->n) : 0;
+		per = per > 0 ? per : 0;
+		double base = e1 - per * t1->n;
+		gf->exposed_per_row_us = per;
+		gf->exposed_base_us = base > 0 ? base : 0;
+	}
+	return 0;
+}
+
 int kiln_pass_baselines(kiln_compilation *c)
 {
 	kiln_arena *a = c->arena;
@@ -826,5 +888,5 @@ int kiln_pass_baselines(kiln_compilation *c)
 		c->baselines[k].fits =
 		    k == KILN_BASELINE_MEGATRON ? ma.fits : baseline_fits(c, &c->baselines[k], a);
 	}
-	return 0;
+	return group_fallbacks(c);
 }

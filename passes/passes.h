@@ -25,6 +25,7 @@ typedef struct kiln_stage_budget kiln_stage_budget;
 typedef struct kiln_baseline kiln_baseline;
 typedef struct kiln_plan_pool kiln_plan_pool;
 typedef struct kiln_plan_schedule kiln_plan_schedule;
+typedef struct kiln_group_fallback kiln_group_fallback;
 
 /* Everything one compilation produces, pass by pass. Arena-owned; fields are
  * NULL / 0 until the pass that fills them has run. */
@@ -45,7 +46,23 @@ typedef struct kiln_compilation {
 	kiln_plan_schedule *schedule; /* interleave: templates and stage timelines */
 	kiln_stage_budget *budgets; /* budget: one per stage */
 	kiln_baseline *baselines;   /* baselines: KILN_BASELINE_COUNT */
+	kiln_group_fallback *groups; /* baselines: one per set, the EP group's fallback */
 } kiln_compilation;
+
+/* Per unit set, the plan every rank of an EP group switches to when some
+ * rank of the group is beyond what the stage's maximal-saving plan fits
+ * (docs/runtime.md, "Beyond the declared load"): the full recompute plan
+ * (passes/baselines.c), which re-runs the layer's collectives, as every
+ * rank does it. Bytes are exact lines in the rows (kiln_plan_bytes_at);
+ * the exposed time is the line through its scheduled exposed time
+ * (kiln_interleave_exposed, as the simulator prices full recompute) at the
+ * first and the last bucket's rows. */
+struct kiln_group_fallback {
+	int32_t plan;      /* pool index; -1 for a dense set (no rows, no group) */
+	uint64_t fit_rows; /* the largest rows of the last bucket within safety_factor; 0 none */
+	kiln_lin resident, saved, transient;
+	double exposed_base_us, exposed_per_row_us;
+};
 
 /* What compiling a description costs, estimated after the cheap passes
  * (lower, activations) and before the planning passes, which dominate:

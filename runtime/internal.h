@@ -110,6 +110,9 @@ struct kiln_rt {
 	 * 5), computed at open from the stage's figures. */
 	double *fair_scale;
 	kiln_rti_acct *acct;
+	/* Blob 1.1: per set the EP group's fallback (GROUPS); NULL for a 1.0
+	 * blob, which has none (select then ignores group counts). */
+	const kiln_blob_group *groups;
 };
 
 /* copy*.c */

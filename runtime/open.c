@@ -45,7 +45,9 @@ static int check_header(const unsigned char *b, size_t size)
 		return KILN_RT_EVERSION;
 	if (h.file_bytes != size)
 		return KILN_RT_ETRUNC;
-	if (h.header_bytes != sizeof(kiln_blob_header) || h.n_sections != KILN_SEC_COUNT ||
+	/* 1.0 has every section but GROUPS, 1.1 adds it at the end. */
+	uint32_t n_sections = h.minor == 0 ? KILN_SEC_GROUPS : KILN_SEC_COUNT;
+	if (h.header_bytes != sizeof(kiln_blob_header) || h.n_sections != n_sections ||
 	    h.table_offset != sizeof(kiln_blob_header))
 		return KILN_RT_ECORRUPT;
 	for (size_t i = 0; i < sizeof h.reserved; i++)
@@ -78,12 +80,17 @@ static int check_sections(kiln_rt *rt)
 	const unsigned char *b = rt->base;
 	size_t size = rt->size;
 	size_t table = sizeof(kiln_blob_header);
-	size_t table_bytes = sizeof(kiln_blob_section) * KILN_SEC_COUNT;
+	/* The header names the count (check_header: 1.0 lacks GROUPS). */
+	uint32_t n_sec;
+	memcpy(&n_sec, b + offsetof(kiln_blob_header, n_sections), sizeof n_sec);
+	size_t table_bytes = sizeof(kiln_blob_section) * n_sec;
 	if (table_bytes > size - table)
 		return KILN_RT_ECORRUPT;
 	uint64_t prev_end = table + table_bytes;
-	const void *view[KILN_SEC_COUNT];
-	for (uint32_t i = 0; i < KILN_SEC_COUNT; i++) {
+	const void *view[KILN_SEC_COUNT] = {0};
+	for (uint32_t i = 0; i < KILN_SEC_COUNT; i++)
+		rt->count[i] = 0;
+	for (uint32_t i = 0; i < n_sec; i++) {
 		kiln_blob_section s;
 		memcpy(&s, b + table + i * sizeof s, sizeof s);
 		size_t rb = record_bytes(i);
@@ -117,6 +124,7 @@ static int check_sections(kiln_rt *rt)
 	rt->templates = view[KILN_SEC_TEMPLATES];
 	rt->tasks = view[KILN_SEC_TASKS];
 	rt->deps = view[KILN_SEC_DEPS];
+	rt->groups = n_sec > KILN_SEC_GROUPS ? view[KILN_SEC_GROUPS] : NULL;
 	return 0;
 }
 
@@ -364,6 +372,60 @@ static int check_tables(const kiln_rt *rt, uint32_t *src, uint32_t *scratch)
 	return next == rt->count[KILN_SEC_POINTS] ? 0 : KILN_RT_ECORRUPT;
 }
 
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* 1.1's GROUPS (docs/blob-format.md, "Groups"): one record per set, in set
+ * order; a record names no plan and is otherwise zero, or names a plan over
+ * the units of its set, which is an MoE set, with bytes that are exactly
+ * its units' (kept: resident, the rest: saved; the transient at least the
+ * saved bytes), fit_rows within the set's last bucket and a finite,
+ * non-negative exposed line. Run after the tables' checks. */
+static int check_groups(const kiln_rt *rt)
+{
+	if (!rt->groups)
+		return 0;
+	uint64_t n_sets = rt->count[KILN_SEC_SETS], nb = rt->meta->n_buckets;
+	if (rt->count[KILN_SEC_GROUPS] != n_sets)
+		return KILN_RT_ECORRUPT;
+	for (uint64_t k = 0; k < n_sets; k++) {
+		const kiln_blob_group *g = &rt->groups[k];
+		const kiln_blob_set *s = &rt->sets[k];
+		if (g->set != k || !finite_nonneg(g->exposed_base_us) ||
+		    !finite_nonneg(g->exposed_per_row_us))
+			return KILN_RT_ECORRUPT;
+		if (g->plan == UINT32_MAX) {
+			if (g->fit_rows || g->resident_base_bytes || g->resident_per_row_bytes ||
+			    g->saved_base_bytes || g->saved_per_row_bytes ||
+			    g->transient_base_bytes || g->transient_per_row_bytes ||
+			    g->exposed_base_us || g->exposed_per_row_us)
+				return KILN_RT_ECORRUPT;
+			continue;
+		}
+		if (s->kind != 1 || g->plan >= rt->count[KILN_SEC_PLANS] ||
+		    !same_units(rt, (uint32_t)k, rt->plans[g->plan].set) ||
+		    g->fit_rows > rt->buckets[k * nb + nb - 1].max_rows)
+			return KILN_RT_ECORRUPT;
+		const uint8_t *act = rt->actions + rt->plans[g->plan].actions;
+		uint64_t rb = 0, rp = 0, sb = 0, sp = 0;
+		for (uint32_t u = 0; u < s->n_units; u++) {
+			const kiln_blob_unit *un = &rt->units[s->first_unit + u];
+			int kept = act[u] == KILN_RT_KEEP;
+			rb = kept ? sat_add(rb, un->base_bytes) : rb;
+			rp = kept ? sat_add(rp, un->per_row_bytes) : rp;
+			sb = kept ? sb : sat_add(sb, un->base_bytes);
+			sp = kept ? sp : sat_add(sp, un->per_row_bytes);
+		}
+		if (rb != g->resident_base_bytes || rp != g->resident_per_row_bytes ||
+		    sb != g->saved_base_bytes || sp != g->saved_per_row_bytes ||
+		    g->transient_base_bytes < sb || g->transient_per_row_bytes < sp)
+			return KILN_RT_ECORRUPT;
+	}
+	return 0;
+}
+
 /* select's lookup tables (internal.h). Entry j of a table over values
  * v[0..n) (ascending) is the first index whose value reaches
  * j * (v[n-1] + 1) / slots; select starts one entry below its computed slot
@@ -529,6 +591,8 @@ int kiln_rt_open(const void *blob, size_t size, kiln_rt **out)
 		goto fail;
 	}
 	rc = check_tables(rt, tmp, tmp + rt->count[KILN_SEC_TABLES]);
+	if (rc == 0)
+		rc = check_groups(rt);
 	if (rc == 0)
 		rc = build_luts(rt, tmp);
 	kiln_rti_free(tmp);

@@ -25,6 +25,59 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
 	return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
 }
 
+/* The group's mode (docs/runtime.md, "Beyond the declared load"): 1 when
+ * the query carries the EP group's rows and some rank of the group has more
+ * rows at this layer than the set's fit_rows, so that every rank of the
+ * group takes the fallback; 0 otherwise (no counts, a 1.0 blob, a dense
+ * layer); KILN_RT_EINVAL for a count that is not one. A function of the
+ * blob, the layer and the largest of the counts only: every rank of the
+ * group, given the same counts in any order, returns the same. */
+static int group_mode(const kiln_rt *rt, const kiln_query *q, const kiln_blob_layer *L,
+                      uint64_t *out_max)
+{
+	*out_max = 0;
+	if (!q->group_rows || q->group_size == 0)
+		return 0;
+	if (q->group_size < 0 || q->group_size > (1 << 20))
+		return KILN_RT_EINVAL;
+	uint32_t most = 0;
+	for (int32_t r = 0; r < q->group_size; r++)
+		most = q->group_rows[r] > most ? q->group_rows[r] : most;
+	*out_max = most;
+	if (!rt->groups)
+		return 0;
+	const kiln_blob_group *g = &rt->groups[L->set];
+	return g->plan != UINT32_MAX && most > g->fit_rows;
+}
+
+/* Puts the set's fallback in *out (the adaptive decision's bucket, load
+ * factor, need and avail stay): its bytes and exposed time at this rank's
+ * rows (exact: the real bytes equal resident_bytes), OVER_BUDGET when they
+ * do not fit this rank's avail, counting the part of the fallback's
+ * backward transient beyond the stage's transient, which avail already
+ * reserves. The flag is this rank's; the plan is the group's. */
+static void group_substitute(const kiln_rt *rt, const kiln_blob_set *S, const kiln_blob_group *g,
+                             uint64_t rows, uint64_t stage_transient, kiln_plan *out)
+{
+	const kiln_blob_plan *pl = &rt->plans[g->plan];
+	uint64_t res = sat_add(g->resident_base_bytes, sat_mul(g->resident_per_row_bytes, rows));
+	uint64_t tr = sat_add(g->transient_base_bytes, sat_mul(g->transient_per_row_bytes, rows));
+	out->actions = rt->actions + pl->actions;
+	out->n_units = (int32_t)S->n_units;
+	out->plan = (int32_t)g->plan;
+	out->template_id = pl->template_id == UINT32_MAX ? -1 : (int32_t)pl->template_id;
+	out->resident_bytes = res;
+	out->saved_bytes = sat_add(g->saved_base_bytes, sat_mul(g->saved_per_row_bytes, rows));
+	out->transient_bytes = tr;
+	/* Finite and >= 0 (open checks both terms); past FLT_MAX a float
+	 * conversion would be undefined. */
+	double ex = g->exposed_base_us + g->exposed_per_row_us * (double)rows;
+	out->exposed_us = ex < 3.0e38 ? (float)ex : 3.0e38f;
+	out->flags = (out->flags & KILN_PLAN_LOAD_BEYOND) | KILN_PLAN_GROUP_FALLBACK;
+	if (sat_add(res, tr > stage_transient ? tr - stage_transient : 0) > out->avail_bytes)
+		out->flags |= KILN_PLAN_OVER_BUDGET;
+}
+
 int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 {
 	if (!rt || !q || !out)
@@ -36,6 +89,10 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 		return KILN_RT_ERANGE;
 	const kiln_blob_set *S = &rt->sets[L->set];
 	const kiln_blob_stage *st = &rt->stages[q->stage];
+	uint64_t group_max;
+	int fallback = group_mode(rt, q, L, &group_max);
+	if (fallback < 0)
+		return fallback;
 
 	uint64_t rows = q->total_rows;
 	if (q->tokens) {
@@ -171,7 +228,10 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	    .avail_bytes = avail,
 	    .exposed_us = p->exposed_us,
 	    .flags = flags,
+	    .group_max_rows = group_max,
 	};
+	if (fallback)
+		group_substitute(rt, S, &rt->groups[L->set], rows, st->transient_bytes, out);
 	return 0;
 }
 

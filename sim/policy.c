@@ -160,6 +160,9 @@ struct kiln_sim_policy {
 	 * its point in the table (plan -1 until then), as a decision repeats
 	 * the last one's plan most of the time. */
 	int32_t (*last_point)[2];
+	/* Adaptive policies: per (set, bucket) the cost of the set's group
+	 * fallback (the full recompute plan), NAN until computed. */
+	cost *group_costs;
 	/* megatron-paged-stash: per stage its stash (has_stash[s] 0 for a
 	 * stage without MoE layers), and the rerun's policy (NULL in the
 	 * rerun itself). */
@@ -1249,6 +1252,11 @@ int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const kiln_compilation *c,
 			return -1;
 		for (size_t i = 0; i < n_tables; i++)
 			p->last_point[i][0] = p->last_point[i][1] = -1;
+		p->group_costs = kiln_arena_alloc(a, sizeof(cost) * (n_tables + 1));
+		if (!p->group_costs)
+			return -1;
+		for (size_t i = 0; i < n_tables; i++)
+			p->group_costs[i] = (cost){NAN, NAN, NAN};
 	} else if (k == KILN_SIM_ORACLE) {
 		/* Decides a stage at a time through sim/oracle.c (sim.c). */
 		if (kiln_sim_oracle_new(p, c, a, err, &p->oracle) != 0)
@@ -1329,6 +1337,15 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
                             double free_bytes, uint32_t pending, uint32_t microbatch,
                             double held_bytes, kiln_sim_choice *out)
 {
+	kiln_sim_policy_decide_group(p, set, layer, n, free_bytes, pending, microbatch, held_bytes,
+	                             NULL, 0, out);
+}
+
+void kiln_sim_policy_decide_group(const kiln_sim_policy *p, int32_t set, int32_t layer, double n,
+                                  double free_bytes, uint32_t pending, uint32_t microbatch,
+                                  double held_bytes, const uint32_t *group_rows, int32_t group_size,
+                                  kiln_sim_choice *out)
+{
 	const kiln_compilation *c = p->c;
 	const kiln_unit_set *S = &c->sets[set];
 	if (p->oracle) {
@@ -1348,10 +1365,23 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
 	                .free_bytes = u64_sat(free_bytes),
 	                .pending = pending,
 	                .microbatch = microbatch,
-	                .held_bytes = u64_sat(held_bytes)};
+	                .held_bytes = u64_sat(held_bytes),
+	                .group_rows = group_rows,
+	                .group_size = group_rows ? group_size : 0};
 	kiln_plan plan;
 	if (kiln_rt_select(p->rt, &q, &plan) != 0) {
 		*out = (kiln_sim_choice){.over_budget = 1};
+		return;
+	}
+	if (plan.flags & KILN_PLAN_GROUP_FALLBACK) {
+		/* Full recompute of the layer, priced as the full-recompute
+		 * policy prices it (static_cost at the bucket of n). */
+		double r;
+		int32_t b = kiln_sim_policy_bucket(c, set, n, &r);
+		const cost *co = static_cost(p, p->group_costs, plan.actions, set, b);
+		plan_form tmp;
+		fill(p, plan_form_of(p, set, &plan, &tmp), n, co, out);
+		out->over_budget = (plan.flags & KILN_PLAN_OVER_BUDGET) != 0;
 		return;
 	}
 	/* The plan's cost at the bucket, by its frontier point (the blob and

@@ -281,6 +281,12 @@ typedef struct envelope {
 	const double *shares;
 	int32_t e;
 	const uint8_t *trig; /* per (i, k): a trigger policy's state (1: fired) */
+	/* Per (i, k, rank) the rows each rank of the group receives, as the
+	 * kiln policies' queries take them (kiln_query.group_rows: what the
+	 * count exchange before the dispatch tells every rank), [(i * n_moe +
+	 * k) * ep + r]; NULL: the queries carry no group counts
+	 * (kiln_sim_config.no_group_counts). */
+	const uint32_t *group_rows;
 } envelope;
 
 /* The load buckets the ranks of one (micro-batch, MoE layer) take, as a
@@ -468,6 +474,14 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 					else if (fired >= 0)
 						kiln_sim_policy_decide_triggered(
 						    pol, li->set, li->model_layer, n, fired, &ch);
+					else if (env->group_rows && rank >= 0 && li->moe_index >= 0)
+						kiln_sim_policy_decide_group(
+						    pol, li->set, li->model_layer, n, free_b,
+						    pending, (uint32_t)i, cur,
+						    &env->group_rows[((size_t)i * w->n_moe +
+						                      (size_t)li->moe_index) *
+						                     (size_t)w->ep],
+						    w->ep, &ch);
 					else
 						kiln_sim_policy_decide(
 						    pol, li->set, li->model_layer, n, free_b,
@@ -629,6 +643,7 @@ typedef struct run {
 	int32_t n, groups, threads;
 	double *loads, *top;
 	row_buckets *rb;
+	uint32_t *group_rows; /* per (i, k, rank): envelope.group_rows */
 	/* Per (micro-batch, MoE layer, rank) its local experts' shares of its
 	 * rows (envelope.shares), when a policy needs them (the paged stash),
 	 * else NULL; e local experts per rank. */
@@ -808,6 +823,13 @@ static void sample_share(run *r, int32_t t, int64_t it, int32_t g, double *exper
 			 * than routing can send it (docs/simulator.md, "Traces"). */
 			for (int32_t x = 0; x < w->ep; x++)
 				v[x] = v[x] >= 0 ? (v[x] < w->r_max ? v[x] : w->r_max) : 0;
+			/* Each rank's rows as its own query counts them
+			 * (kiln_sim_policy_decide: ceil(n - 1e-9)). */
+			uint32_t *gr = &r->group_rows[((size_t)i * w->n_moe + k) * w->ep];
+			for (int32_t x = 0; x < w->ep; x++) {
+				double n = ceil(v[x] * w->moe_nbal[k] - 1e-9);
+				gr[x] = n > 0 ? (n < 4294967295.0 ? (uint32_t)n : UINT32_MAX) : 0;
+			}
 		}
 	for (int32_t i = t; r->trig_policy >= 0 && i < w->m; i += r->threads)
 		for (int32_t k = 0; k < w->n_moe; k++)
@@ -1003,7 +1025,8 @@ static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, in
 	                .rb = r->rb,
 	                .shares = r->shares,
 	                .e = r->e,
-	                .trig = k == r->trig_policy ? r->trig : NULL};
+	                .trig = k == r->trig_policy ? r->trig : NULL,
+	                .group_rows = cfg->no_group_counts ? NULL : r->group_rows};
 	memset(sc->layer_f, 0, sizeof(double) * sc->n_lay);
 	memset(sc->layer_b, 0, sizeof(double) * sc->n_lay);
 	memset(sc->peak, 0, sizeof(double) * (size_t)w->p);
@@ -1447,6 +1470,7 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	r.loads = calloc(n_loads, sizeof(double));
 	r.top = calloc(n_rows, sizeof(double));
 	r.rb = calloc(n_rows, sizeof(row_buckets));
+	r.group_rows = calloc(n_loads, sizeof(uint32_t));
 	/* The paged stash pads every local expert's rows: it needs them. */
 	int any_stash = 0;
 	for (int32_t k = 0; k < n; k++)
@@ -1494,9 +1518,9 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 	r.peak2 = calloc((size_t)n * (size_t)w.p, sizeof(double));
 	r.since_ckpt = calloc((size_t)n, sizeof(double));
 	int rc = -1, started = 0, barrier = 0;
-	int ok = r.loads && r.top && r.rb && r.trig && (r.shares || !any_stash) && r.sum_n &&
-	         r.max_n && (!r.w3 || (r.sum_n3 && r.max_n3)) && r.slots && r.uniq && r.weight &&
-	         r.uniq_s && r.weight_s && r.n_uniq_s && r.stage_rows && r.all_rows &&
+	int ok = r.loads && r.top && r.rb && r.group_rows && r.trig && (r.shares || !any_stash) &&
+	         r.sum_n && r.max_n && (!r.w3 || (r.sum_n3 && r.max_n3)) && r.slots && r.uniq &&
+	         r.weight && r.uniq_s && r.weight_s && r.n_uniq_s && r.stage_rows && r.all_rows &&
 	         r.stage_begin && r.pols && r.ops && r.iter_sum && r.since_ckpt && r.peak2;
 	for (int32_t t = 0; t < threads && ok; t++)
 		ok = scratch_new(&w, n_lay, &wks[t].sc) == 0;
@@ -1594,6 +1618,7 @@ out:
 	free(r.shares);
 	free(r.top);
 	free(r.rb);
+	free(r.group_rows);
 	free(r.trig);
 	free(r.sum_n);
 	free(r.max_n);

@@ -371,6 +371,16 @@ void kiln_sim_policy_decide(const kiln_sim_policy *p, int32_t set, int32_t layer
                             double free_bytes, uint32_t pending, uint32_t microbatch,
                             double held_bytes, kiln_sim_choice *out);
 
+/* kiln_sim_policy_decide with the rows of every rank of the EP group
+ * (group_size entries; kiln_query.group_rows), so that the runtime may take
+ * the group's fallback (KILN_PLAN_GROUP_FALLBACK), priced as the
+ * full-recompute policy prices that layer: its plan scheduled at the
+ * bucket of n (the last beyond it). Static policies ignore the counts. */
+void kiln_sim_policy_decide_group(const kiln_sim_policy *p, int32_t set, int32_t layer, double n,
+                                  double free_bytes, uint32_t pending, uint32_t microbatch,
+                                  double held_bytes, const uint32_t *group_rows, int32_t group_size,
+                                  kiln_sim_choice *out);
+
 /* The load bucket a static policy's decision for unit set `set` at n rows
  * takes (the bucket holding the load factor r = n / balanced rows, the last
  * beyond it), with r. */
@@ -628,6 +638,11 @@ typedef struct kiln_sim_config {
 	/* megatron-capacity's capacity factor (0: the description's, else 1;
 	 * kiln_sim_capacity_factor). */
 	double capacity_factor;
+	/* 1: the kiln policies' queries carry no EP group counts (the
+	 * runtime's decision as before blob 1.1, for measuring what the
+	 * group fallback changes); 0: each query carries the rows of every
+	 * rank of its EP group (docs/runtime.md, "Beyond the declared load"). */
+	int no_group_counts;
 } kiln_sim_config;
 
 typedef struct kiln_sim_result {

@@ -132,7 +132,7 @@ Test(blobcmd, inspect_text_and_json)
 	char *p = compile_tiny();
 	kt_run r = kt_kilnc((const char *const[]){"inspect", p, NULL}, NULL);
 	cr_assert_eq(r.status, 0, "%s", r.err);
-	cr_assert_not_null(strstr(r.out, "kiln plan blob 1.0"), "%s", r.out);
+	cr_assert_not_null(strstr(r.out, "kiln plan blob 1.1"), "%s", r.out);
 	cr_assert_not_null(strstr(r.out, "model tiny"), "%s", r.out);
 	cr_assert_not_null(strstr(r.out, "moe.expert_up"), "%s", r.out);
 	cr_assert_not_null(strstr(r.out, "TEMPLATES"), "%s", r.out);
@@ -395,9 +395,9 @@ Test(blobcmd, unsupported_version_names_both_versions)
 	struct {
 		uint16_t major, minor;
 		const char *want;
-	} cases[] = {{2, 0, "unsupported blob version 2.0; this kilnc reads 1.0"},
-	             {1, 3, "unsupported blob version 1.3; this kilnc reads 1.0"},
-	             {0, 9, "unsupported blob version 0.9; this kilnc reads 1.0"}};
+	} cases[] = {{2, 0, "unsupported blob version 2.0; this kilnc reads 1.0 to 1.1"},
+	             {1, 3, "unsupported blob version 1.3; this kilnc reads 1.0 to 1.1"},
+	             {0, 9, "unsupported blob version 0.9; this kilnc reads 1.0 to 1.1"}};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		memcpy(bytes + offsetof(kiln_blob_header, major), &cases[i].major, 2);
 		memcpy(bytes + offsetof(kiln_blob_header, minor), &cases[i].minor, 2);
@@ -537,7 +537,7 @@ Test(blobcmd, tiny_figures_in_blob_format_md_are_current)
 	memcpy(&h, bytes, sizeof h);
 	char a[32], want[256];
 	snprintf(want, sizeof want,
-	         "(`file_bytes` = 0x%" PRIX64 " = %s; 15 sections; CRC32C 0x%08X.)", h.file_bytes,
+	         "(`file_bytes` = 0x%" PRIX64 " = %s; 16 sections; CRC32C 0x%08X.)", h.file_bytes,
 	         commas(h.file_bytes, a, sizeof a), (unsigned)h.crc32c);
 	cr_expect_not_null(strstr(doc, want), "blob-format.md lacks \"%s\"", want);
 	/* The row: stages, planned layers, sets, buckets, points stored, plans,

@@ -22,6 +22,7 @@ static const char HELP_SIMULATE[] =
     "usage: kilnc simulate MODEL --policy P[,P...] [--plan PLAN.kiln] [--iters N]\n"
     "                      [--seed S] [--loads PROFILE|FILE.csv] [--exact] [--groups G]\n"
     "                      [--restart-s SECONDS] [--checkpoint-every N] [--json]\n"
+    "                      [--no-group-counts]\n"
     "                      [--emit-trace F] [--emit-loads F]\n"
     "\n"
     "Replays iterations of MODEL's training through memory policies, side by side\n"
@@ -44,6 +45,8 @@ static const char HELP_SIMULATE[] =
     "  --exact          follow every EP rank (default: the statistical method of\n"
     "                   docs/simulator.md, \"Scale\")\n"
     "  --groups G       simulate G of the EP groups (default all)\n"
+    "  --no-group-counts  kiln's queries without the EP group's counts (no group\n"
+    "                   fallback beyond the declared load; docs/runtime.md)\n"
     "  --restart-s X    cost of one restart after an out-of-memory failure (284)\n"
     "  --checkpoint-every N  iterations between checkpoints (100)\n"
     "  --json           one JSON document (docs/cli.md)\n"
@@ -291,7 +294,7 @@ int kilnc_simulate(int argc, char **argv)
 	const char *model = NULL, *plan = NULL, *policy = NULL, *iters = NULL, *seed = NULL,
 	           *loads = NULL, *groups = NULL, *restart = NULL, *ckpt = NULL, *trace = NULL,
 	           *emit_loads = NULL;
-	bool json = false, exact = false;
+	bool json = false, exact = false, no_group = false;
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
 		static const char *names[] = {"--plan",   "--policy",    "--iters",
@@ -310,7 +313,8 @@ int kilnc_simulate(int argc, char **argv)
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
 			return kilnc_help_simulate();
 		if ((m = kilnc_flag("--json", a, &json)) != 0 ||
-		    (m = kilnc_flag("--exact", a, &exact)) != 0) {
+		    (m = kilnc_flag("--exact", a, &exact)) != 0 ||
+		    (m = kilnc_flag("--no-group-counts", a, &no_group)) != 0) {
 			if (m == KILNC_EXIT_USAGE)
 				return m;
 		} else if (a[0] == '-' && a[1])
@@ -481,6 +485,7 @@ int kilnc_simulate(int argc, char **argv)
 	                       .restart_s = restart_s,
 	                       .checkpoint_every = n_ckpt,
 	                       .exact = exact,
+	                       .no_group_counts = no_group,
 	                       .max_groups = (int32_t)n_groups,
 	                       .progress = isatty(2) ? stderr : NULL,
 	                       .capacity_factor = capacity_factor};

@@ -132,6 +132,12 @@ void tr_comm_alltoall_int(tr_comm *c, const int32_t *send, int32_t *recv, int pe
 	      "MPI_Alltoall");
 }
 
+void tr_comm_allgather_u32(tr_comm *c, uint32_t v, uint32_t *out)
+{
+	check(c, MPI_Allgather(&v, 1, MPI_UINT32_T, out, 1, MPI_UINT32_T, c->stage_comm),
+	      "MPI_Allgather");
+}
+
 void tr_comm_alltoallv(tr_comm *c, const float *send, const int32_t *scount, float *recv,
                        const int32_t *rcount)
 {

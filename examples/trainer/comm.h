@@ -37,6 +37,11 @@ void tr_comm_wait_sends(tr_comm *c);
 
 /* Inside the stage group: every rank sends per_rank ints to each rank. */
 void tr_comm_alltoall_int(tr_comm *c, const int32_t *send, int32_t *recv, int per_rank);
+/* Inside the stage group: every rank's v, in rank order, into out (ndp
+ * entries): the count exchange that tells every rank of the EP group how
+ * many rows each rank receives (as Megatron-Core all-gathers its per-expert
+ * counts over the EP group; docs/trainer.md). */
+void tr_comm_allgather_u32(tr_comm *c, uint32_t v, uint32_t *out);
 /* Inside the stage group: rank r receives scount[r] floats from this rank,
  * packed rank by rank in send; recv is packed likewise by rcount. */
 void tr_comm_alltoallv(tr_comm *c, const float *send, const int32_t *scount, float *recv,

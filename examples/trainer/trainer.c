@@ -71,6 +71,7 @@ typedef struct layer_run {
 	int32_t send_cnt[TR_EP * TR_LE]; /* rows sent to (rank, local expert) */
 	int32_t recv_cnt[TR_EP * TR_LE]; /* rows received from (rank, local expert) */
 	int32_t n_rows;                  /* received rows */
+	uint32_t group_rows[TR_EP];      /* rows every rank of the EP group receives */
 	uint64_t resident_bytes;         /* kiln's bound on the units the plan keeps */
 	uint32_t plan_flags;             /* KILN_PLAN_*; the bound holds without them */
 } layer_run;
@@ -743,7 +744,9 @@ static void decide(trainer *tr, uint32_t mb, int li)
 	                .free_bytes = free_now > head ? free_now - head : 0,
 	                .pending = tr->cur_pending,
 	                .microbatch = mb,
-	                .held_bytes = tr->arena.mb_bytes[mb % TR_ARENA_MB_SLOTS] - made + head};
+	                .held_bytes = tr->arena.mb_bytes[mb % TR_ARENA_MB_SLOTS] - made + head,
+	                .group_rows = r->group_rows,
+	                .group_size = TR_EP};
 	kiln_plan p;
 	int rc = kiln_rt_select(tr->rt, &q, &p);
 	if (rc)
@@ -754,14 +757,22 @@ static void decide(trainer *tr, uint32_t mb, int li)
 		     p.n_units, TR_NU);
 	for (int u = 0; u < TR_NU; u++) {
 		r->action[u] = p.actions[u];
-		if (p.actions[u] == KILN_RT_RECOMPUTE && (u == TR_U_LN1_IN || u == TR_U_EIN))
+		if ((p.flags & KILN_PLAN_GROUP_FALLBACK) && p.actions[u] == KILN_RT_RECOMPUTE &&
+		    u == TR_U_EIN) {
+			/* The group's fallback re-runs the dispatch to rebuild the
+			 * expert input; this trainer's backward has no all-to-all,
+			 * so it offloads the rows instead: the same device bytes
+			 * saved, on every rank of the group alike (docs/trainer.md). */
+			r->action[u] = KILN_RT_OFFLOAD;
+		}
+		if (r->action[u] == KILN_RT_RECOMPUTE && (u == TR_U_LN1_IN || u == TR_U_EIN))
 			fail(EXIT_INPUT,
 			     "plan %d recomputes %s, which only a collective or the previous "
 			     "layer can rebuild",
 			     p.plan, unit_names[u]);
-		tr->st.keep += p.actions[u] == KILN_RT_KEEP;
-		tr->st.recompute += p.actions[u] == KILN_RT_RECOMPUTE;
-		tr->st.offload += p.actions[u] == KILN_RT_OFFLOAD;
+		tr->st.keep += r->action[u] == KILN_RT_KEEP;
+		tr->st.recompute += r->action[u] == KILN_RT_RECOMPUTE;
+		tr->st.offload += r->action[u] == KILN_RT_OFFLOAD;
 	}
 	r->resident_bytes = p.resident_bytes;
 	r->plan_flags = p.flags;
@@ -791,6 +802,10 @@ static void layer_forward(trainer *tr, uint32_t mb, int li, const float *x, floa
 	tr_comm_alltoall_int(tr->comm, r->send_cnt, r->recv_cnt, TR_LE);
 	for (int i = 0; i < TR_EP * TR_LE; i++)
 		r->n_rows += r->recv_cnt[i];
+	/* Every rank's rows, so that the whole group takes the same decision
+	 * (kiln_query.group_rows); gathered whatever the policy, so that the
+	 * ranks' calls match. */
+	tr_comm_allgather_u32(tr->comm, (uint32_t)r->n_rows, r->group_rows);
 	if ((uint64_t)r->n_rows > tr->st.max_rows)
 		tr->st.max_rows = (uint64_t)r->n_rows;
 	decide(tr, mb, li);

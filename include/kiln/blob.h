@@ -13,7 +13,7 @@
 
 #define KILN_BLOB_MAGIC "KILNPLAN" /* 8 bytes, no NUL */
 #define KILN_BLOB_MAJOR 1
-#define KILN_BLOB_MINOR 0
+#define KILN_BLOB_MINOR 1
 #define KILN_BLOB_ALIGN 64
 /* The loader's sanity bound; larger files are refused before any parsing. */
 #define KILN_BLOB_MAX_BYTES (1u << 30)
@@ -25,7 +25,7 @@ typedef struct kiln_blob_header {
 	uint16_t minor;       /* ... and a minor newer than its own */
 	uint32_t header_bytes; /* sizeof(kiln_blob_header) */
 	uint64_t file_bytes;   /* the whole blob */
-	uint32_t n_sections;   /* entries in the section table (KILN_SEC_COUNT in 1.0) */
+	uint32_t n_sections;   /* entries in the section table: 15 in 1.0, KILN_SEC_COUNT in 1.1 */
 	uint32_t crc32c;       /* CRC32C (Castagnoli) of bytes [0, 28) and [32, file_bytes) */
 	uint64_t table_offset; /* section table, = 64 */
 	uint8_t reserved[24];  /* zero */
@@ -47,7 +47,8 @@ typedef struct kiln_blob_header {
 	X(CHUNKS, kiln_blob_chunk)      /* per set, the catalogue of schedulable chunks */         \
 	X(TEMPLATES, kiln_blob_template) /* dual-batch schedules, per plan */                      \
 	X(TASKS, uint8_t)               /* per template, chunk indices in start order */           \
-	X(DEPS, kiln_blob_dep)          /* per template, (task, dependency) pairs */
+	X(DEPS, kiln_blob_dep)          /* per template, (task, dependency) pairs */               \
+	X(GROUPS, kiln_blob_group)      /* 1.1: one per set, the EP group's fallback */
 
 typedef enum {
 #define X(id, type) KILN_SEC_##id,
@@ -169,5 +170,30 @@ typedef struct kiln_blob_dep {
 	uint8_t task;         /* index in the template */
 	uint8_t dep;          /* a task (earlier in start order) that must end first */
 } kiln_blob_dep;
+
+/* 1.1. Per unit set (record i is set i), the plan every rank of an EP group
+ * switches to when some rank of the group has more rows at this layer than
+ * fit_rows (docs/runtime.md, "Beyond the declared load"): the full
+ * recompute plan, which may re-run the layer's collectives because the whole
+ * group re-runs them together. Bytes and time are lines in the rank's rows,
+ * bytes = base + per_row * rows, exact for the plan's units. */
+typedef struct kiln_blob_group {
+	uint32_t set;                 /* = the record's index */
+	uint32_t plan;                /* PLANS index over the set's units; UINT32_MAX: none
+	                                 (dense sets, which have no rows) */
+	uint64_t fit_rows;            /* the largest rows of the last bucket whose
+	                                 maximal-saving plan fits the stage (safety_factor);
+	                                 0 with no plan */
+	uint64_t resident_base_bytes; /* the plan's kept units */
+	uint64_t resident_per_row_bytes;
+	uint64_t saved_base_bytes; /* its recomputed and offloaded units */
+	uint64_t saved_per_row_bytes;
+	uint64_t transient_base_bytes; /* its backward transient: what recompute rebuilds and
+	                                  the recompute workspace */
+	uint64_t transient_per_row_bytes;
+	double exposed_base_us; /* the line through its scheduled exposed time at the
+	                           first and the last bucket's rows */
+	double exposed_per_row_us;
+} kiln_blob_group;
 
 #endif

@@ -188,12 +188,23 @@ typedef struct kiln_query {
 	uint64_t held_bytes;    /* device bytes the deciding micro-batch already holds on this
 	                           stage (its fixed activations and earlier layers); taken from
 	                           accounting with KILN_RT_FREE_FROM_ACCOUNTING; 0: unknown */
+	/* Optional, blob 1.1 (docs/runtime.md, "Beyond the declared load"): the
+	 * rows every rank of this device's EP group receives at this layer, as
+	 * the count exchange before the dispatch all-to-all tells every rank
+	 * (group_size entries, this rank's among them, in any order); NULL or
+	 * group_size 0: no group counts, today's decision. */
+	const uint32_t *group_rows;
+	int32_t group_size;
 } kiln_query;
 
 enum {
-	KILN_PLAN_OVER_BUDGET = 1u << 0, /* nothing fits: the maximal-saving plan, best effort */
-	KILN_PLAN_LOAD_BEYOND = 1u << 1  /* load above max_factor: the last bucket's numbers,
-	                                    which underestimate */
+	KILN_PLAN_OVER_BUDGET = 1u << 0,   /* nothing fits: the maximal-saving plan, best effort */
+	KILN_PLAN_LOAD_BEYOND = 1u << 1,   /* load above max_factor: the last bucket's numbers,
+	                                      which underestimate */
+	KILN_PLAN_GROUP_FALLBACK = 1u << 2 /* some rank of the group is beyond what its
+	                                      maximal-saving plan fits: the group's fallback
+	                                      plan (full recompute of the layer), the same on
+	                                      every rank of the group */
 };
 
 typedef struct kiln_plan {
@@ -209,6 +220,11 @@ typedef struct kiln_plan {
 	uint64_t avail_bytes;   /* free bytes minus the reserve for later work */
 	float exposed_us;       /* estimated extra time on the critical path */
 	uint32_t flags;         /* KILN_PLAN_* */
+	/* With KILN_PLAN_GROUP_FALLBACK: the fallback's backward transient at
+	 * this rank's rows (its resident and saved bytes above are exact at
+	 * these rows too); else 0. */
+	uint64_t transient_bytes;
+	uint64_t group_max_rows; /* the most rows of any rank of the group; 0 without counts */
 } kiln_plan;
 
 /* One decision. Load rounds up to its bucket and the bytes to save round up
@@ -229,9 +245,14 @@ typedef struct kiln_plan {
  * a layer does not keep gigabytes to save a millisecond that its
  * micro-batch's later layers then pay for many times over. With
  * KILN_PLAN_LOAD_BEYOND the figures are the last bucket's and the real bytes
- * may exceed them. Never allocates, never blocks; safe from many threads on
- * one handle; O(n_tokens) plus two table lookups with short scans, and one
- * lookup for the knee. */
+ * may exceed them. With group_rows (blob 1.1), when some rank of the
+ * group has more rows than the set's fit_rows, every rank of the group
+ * gets the set's fallback plan instead, with KILN_PLAN_GROUP_FALLBACK: a
+ * function of the blob, the layer and the largest count only, so every
+ * rank given the same counts in any order answers alike (docs/runtime.md,
+ * "Beyond the declared load"). Never allocates, never blocks; safe from
+ * many threads on one handle; O(n_tokens + group_size) plus two table
+ * lookups with short scans, and one lookup for the knee. */
 int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out);
 
 /* ---------------------------------------------------------------- templates */

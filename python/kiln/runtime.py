@@ -22,7 +22,7 @@ __all__ = [
     "KilnError", "Runtime", "Plan", "CopyEngine", "probe", "strerror", "library_path",
     "KEEP", "RECOMPUTE", "OFFLOAD", "ACTIONS",
     "UNIT_LAYER_INPUT", "UNIT_COLLECTIVE", "UNIT_RNG", "UNIT_EXPERT",
-    "PLAN_OVER_BUDGET", "PLAN_LOAD_BEYOND", "FREE_FROM_ACCOUNTING",
+    "PLAN_OVER_BUDGET", "PLAN_LOAD_BEYOND", "PLAN_GROUP_FALLBACK", "FREE_FROM_ACCOUNTING",
     "ACCT_PRODUCED", "ACCT_FREED", "ACCT_OFFLOADED", "ACCT_RELOADED", "ACCT_DROPPED",
     "COPY_HOST", "COPY_HIP", "COPY_CUDA",
 ]
@@ -37,7 +37,7 @@ KEEP, RECOMPUTE, OFFLOAD = 0, 1, 2
 ACTIONS = ("keep", "recompute", "offload")
 
 UNIT_LAYER_INPUT, UNIT_COLLECTIVE, UNIT_RNG, UNIT_EXPERT = 1, 2, 4, 8
-PLAN_OVER_BUDGET, PLAN_LOAD_BEYOND = 1, 2
+PLAN_OVER_BUDGET, PLAN_LOAD_BEYOND, PLAN_GROUP_FALLBACK = 1, 2, 4
 FREE_FROM_ACCOUNTING = 2**64 - 1
 
 ACCT_PRODUCED, ACCT_FREED, ACCT_OFFLOADED, ACCT_RELOADED, ACCT_DROPPED = 0, 1, 2, 3, 4
@@ -96,14 +96,16 @@ class _Point(_c.Structure):
 class _Query(_c.Structure):
     _fields_ = [("stage", _i32), ("layer", _i32), ("tokens", _c.POINTER(_u32)),
                 ("n_tokens", _i32), ("total_rows", _u64), ("free_bytes", _u64),
-                ("pending", _u32), ("microbatch", _u32), ("held_bytes", _u64)]
+                ("pending", _u32), ("microbatch", _u32), ("held_bytes", _u64),
+                ("group_rows", _c.POINTER(_u32)), ("group_size", _i32)]
 
 
 class _Plan(_c.Structure):
     _fields_ = [("actions", _c.POINTER(_c.c_uint8)), ("n_units", _i32), ("plan", _i32),
                 ("template_id", _i32), ("bucket", _i32), ("load_factor", _dbl),
                 ("need_bytes", _u64), ("saved_bytes", _u64), ("resident_bytes", _u64),
-                ("avail_bytes", _u64), ("exposed_us", _flt), ("flags", _u32)]
+                ("avail_bytes", _u64), ("exposed_us", _flt), ("flags", _u32),
+                ("transient_bytes", _u64), ("group_max_rows", _u64)]
 
 
 class _TemplateInfo(_c.Structure):
@@ -317,8 +319,9 @@ class Plan:
     (read-only); action_codes: the same as a tuple of KEEP / RECOMPUTE /
     OFFLOAD per unit index; units: the unit names. plan, template_id,
     bucket, load_factor, need_bytes, saved_bytes, resident_bytes,
-    avail_bytes, exposed_us, flags as in kiln_plan; over_budget and
-    load_beyond test the flags. rows: the rows the decision was taken at."""
+    avail_bytes, exposed_us, flags, transient_bytes, group_max_rows as in
+    kiln_plan; over_budget, load_beyond and group_fallback test the flags.
+    rows: the rows the decision was taken at."""
 
     __slots__ = ("_p", "stage", "layer", "rows", "units", "action_codes", "actions")
 
@@ -337,7 +340,12 @@ class Plan:
                            doc="free bytes minus the reserve for later work")
     exposed_us = property(lambda self: self._p.exposed_us,
                           doc="estimated extra time on the critical path, microseconds")
-    flags = property(lambda self: self._p.flags, doc="PLAN_OVER_BUDGET | PLAN_LOAD_BEYOND")
+    flags = property(lambda self: self._p.flags,
+                     doc="PLAN_OVER_BUDGET | PLAN_LOAD_BEYOND | PLAN_GROUP_FALLBACK")
+    transient_bytes = property(lambda self: self._p.transient_bytes,
+                               doc="the group fallback's backward transient (else 0)")
+    group_max_rows = property(lambda self: self._p.group_max_rows,
+                              doc="the most rows of any rank of the group (0 without counts)")
 
     @property
     def over_budget(self):
@@ -346,6 +354,10 @@ class Plan:
     @property
     def load_beyond(self):
         return bool(self.flags & PLAN_LOAD_BEYOND)
+
+    @property
+    def group_fallback(self):
+        return bool(self.flags & PLAN_GROUP_FALLBACK)
 
     def action(self, unit):
         """The action (a string) of unit, given by name or index."""
@@ -626,7 +638,7 @@ class Runtime(_Closing):
     # -- select
 
     def select(self, stage, layer, tokens_per_expert, free_bytes, pending=0, microbatch=0,
-               held_bytes=0):
+               held_bytes=0, group_rows=None):
         """One decision (kiln_rt_select) right after layer's MoE gate.
 
         tokens_per_expert: rows routed to each of this device's local
@@ -636,8 +648,14 @@ class Runtime(_Closing):
         memory from the accounting API (acct_reset first; pending then
         comes from accounting and held_bytes too). Returns a Plan; a C
         error raises KilnError, an argument of the wrong type or range
-        TypeError or ValueError. Thread-safe; about 3 us from a list of
-        counts (docs/python.md)."""
+        TypeError or ValueError. group_rows (optional, blob 1.1): the rows
+        every rank of this device's EP group receives at this layer, as the
+        count exchange before the dispatch tells every rank (a sequence of
+        ints, or anything with .tolist()); when some rank is beyond what
+        the stage's maximal-saving plan fits, every rank of the group gets
+        the same fallback plan (Plan.group_fallback; docs/runtime.md,
+        "Beyond the declared load"). None: today's decision. Thread-safe;
+        about 3 us from a list of counts (docs/python.md)."""
         h = self._h
         if h is None:
             self._handle()
@@ -702,6 +720,14 @@ class Runtime(_Closing):
             q.microbatch = _uint(microbatch, "microbatch", _U32_MAX)
         if held_bytes:
             q.held_bytes = _uint(held_bytes, "held_bytes")
+        if group_rows is not None:
+            g = group_rows.tolist() if hasattr(group_rows, "tolist") else list(group_rows)
+            if len(g) > (1 << 20):
+                raise KilnError(EINVAL, "kiln_rt_select", "a group of %d ranks (at most 2^20)" % len(g))
+            g = [_uint(c, "group_rows[%d]" % i, _U32_MAX) for i, c in enumerate(g)]
+            garr = (_u32 * max(len(g), 1))(*g)
+            q.group_rows = garr
+            q.group_size = len(g)
         p = _Plan()
         rc = self._select(h, q, p)
         if rc < 0:

@@ -82,6 +82,8 @@ int main(void)
 	F(kiln_query, pending);
 	F(kiln_query, microbatch);
 	F(kiln_query, held_bytes);
+	F(kiln_query, group_rows);
+	F(kiln_query, group_size);
 
 	S(kiln_plan);
 	F(kiln_plan, actions);
@@ -96,6 +98,8 @@ int main(void)
 	F(kiln_plan, avail_bytes);
 	F(kiln_plan, exposed_us);
 	F(kiln_plan, flags);
+	F(kiln_plan, transient_bytes);
+	F(kiln_plan, group_max_rows);
 
 	S(kiln_rt_template_info);
 	F(kiln_rt_template_info, plan);

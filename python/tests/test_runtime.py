@@ -365,3 +365,52 @@ def test_copy_engine_unavailable_backend(tmp_path):
     expect_error("EUNAVAILABLE", runtime.CopyEngine, "cuda", 1 << 20, 0, 0, missing)
     with pytest.raises(ValueError, match="unknown copy backend"):
         runtime.CopyEngine("tpu", 1 << 20)
+
+
+def test_group_rows_fall_back_together_beyond_the_declared_load(tiny_blob):
+    """select(..., group_rows=...): the EP group's fallback (docs/runtime.md,
+    "Beyond the declared load"). The threshold comes from the public getters
+    (the rows of the last bucket within the stage's safety factor), the
+    fallback from what full recompute is (every unit but the layer input
+    recomputed or offloaded), its bytes from unit_bytes by hand."""
+    with Runtime(tiny_blob) as rt:
+        for stage, layer in ((0, 1), (1, 6)):
+            li = rt.layer(layer)
+            safety = rt.stage(stage).safety_factor
+            fit = 0
+            for b in range(rt.info.n_buckets):
+                t = rt.table(layer, b)
+                if t.load_factor <= safety * (1 + 1e-12):
+                    fit = t.max_rows
+            assert fit > 0
+            n = li.n_units
+            for group in ([fit, 0, 3, fit], [fit + 1, 0, 5, 7], [1, 2, 3, 4 * fit]):
+                beyond = max(group) > fit
+                answers = []
+                for r, mine in enumerate(group):
+                    seen = group[r:] + group[:r]  # each rank lists the group its own way
+                    alone = rt.select(stage, layer, mine, 4 << 20)
+                    p = rt.select(stage, layer, mine, 4 << 20, group_rows=Counts(seen))
+                    assert p.group_fallback == beyond
+                    assert p.group_max_rows == max(group)
+                    if not beyond:
+                        assert (p.plan, p.resident_bytes, p.flags) == \
+                            (alone.plan, alone.resident_bytes, alone.flags)
+                        continue
+                    kept = [bool(rt.unit(layer, i).flags & runtime.UNIT_LAYER_INPUT)
+                            for i in range(n)]
+                    assert [a == runtime.KEEP for a in p.action_codes] == kept
+                    assert p.resident_bytes == sum(rt.unit_bytes(layer, i, mine)
+                                                   for i in range(n) if kept[i])
+                    assert p.saved_bytes == sum(rt.unit_bytes(layer, i, mine)
+                                                for i in range(n) if not kept[i])
+                    answers.append(p.plan)
+                assert len(set(answers)) <= 1, "every rank of the group gets one plan"
+            # The dense layer 0 never falls back.
+            assert not rt.select(0, 0, 0, 4 << 20, group_rows=[10 ** 9]).group_fallback
+        with pytest.raises(ValueError):
+            rt.select(0, 1, 10, 4 << 20, group_rows=[-1])
+        with pytest.raises(TypeError):
+            rt.select(0, 1, 10, 4 << 20, group_rows=["a"])
+        with pytest.raises(ValueError):
+            rt.select(0, 1, 10, 4 << 20, group_rows=[2 ** 32])

@@ -186,14 +186,20 @@ class Layer:
                 self.units[n].router = router
         return out
 
-    def decide(self, tokens_per_expert, pending=0, fixed_after_bytes=0):
+    def decide(self, tokens_per_expert, pending=0, fixed_after_bytes=0, group_rows=None):
         """The post-gate point: selects this layer's plan for this
         micro-batch from the real rows per local expert (a list or a 1-D
         tensor of counts). pending: forward passes this stage starts before
         its next backward (1F1B warm-up). fixed_after_bytes: bytes this
         micro-batch will hold after the stage's layers (the head's saved
-        tensors on the last stage). Returns the plan (None under policy keep)."""
-        return self.mgr._decide(self, tokens_per_expert, pending, fixed_after_bytes)
+        tensors on the last stage). group_rows (optional): the rows every
+        rank of the EP group receives at this layer, from the count
+        exchange before the dispatch (a list or a 1-D tensor), so that the
+        whole group falls back together beyond the declared load
+        (Runtime.select; docs/torch.md). Returns the plan (None under
+        policy keep)."""
+        return self.mgr._decide(self, tokens_per_expert, pending, fixed_after_bytes,
+                                group_rows)
 
 
 class Manager:
@@ -242,7 +248,7 @@ class Manager:
         self.stats = dict(decisions=0, kept=0, recomputed=0, offloaded=0, over_budget=0,
                           load_beyond=0, offloaded_bytes=0, recomputed_bytes=0,
                           resident_checks=0, saved_tensors=0, router_offloads=0, templated_restores=0,
-                          decide_s=0.0)
+                          group_fallback=0, group_offloads=0, decide_s=0.0)
         self._params = set()
         self._free_fn = free_bytes_fn
         self._templates = {}  # template id -> unit indices of its reloads, in start order
@@ -415,7 +421,7 @@ class Manager:
         self._charge(u, "produced")
         return tensor
 
-    def _decide(self, L, tokens, pending, fixed_after):
+    def _decide(self, L, tokens, pending, fixed_after, group_rows=None):
         t0 = time.perf_counter()
         counts = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
         L.rows = int(sum(counts))
@@ -442,11 +448,12 @@ class Manager:
         free = free - fixed_after if free > fixed_after else 0
         held = self.mb_bytes.get(L.mb, 0) - made + fixed_after
         plan = self.rt.select(self.stage, L.layer, counts, free, pending=pending,
-                              microbatch=L.mb, held_bytes=max(held, 0))
+                              microbatch=L.mb, held_bytes=max(held, 0), group_rows=group_rows)
         L.plan = plan
         self.stats["decisions"] += 1
         self.stats["over_budget"] += plan.over_budget
         self.stats["load_beyond"] += plan.load_beyond
+        self.stats["group_fallback"] += plan.group_fallback
         self.stats["decide_s"] += time.perf_counter() - t0
         return plan
 
@@ -463,6 +470,13 @@ class Manager:
         a = L.plan.action_codes[u.index]
         if a == RECOMPUTE and u.router:
             self.stats["router_offloads"] += 1
+            return OFFLOAD
+        if a == RECOMPUTE and u.recipe is None and L.plan.group_fallback:
+            # The group's fallback re-runs the layer's collectives (the whole
+            # group does); this package's recipes do not, so a unit only a
+            # collective rebuilds is offloaded instead: the same device bytes
+            # saved, alike on every rank of the group.
+            self.stats["group_offloads"] += 1
             return OFFLOAD
         if a == RECOMPUTE and u.recipe is None:
             raise RuntimeError("plan %d recomputes %s at layer %d, which has no recipe (a "
