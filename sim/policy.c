@@ -773,10 +773,31 @@ int64_t kiln_sim_stash_pages(const kiln_sim_stash *st, double padded_rows)
 	return pg < 9e18 ? (int64_t)pg : INT64_MAX;
 }
 
+/* The exposed time of one tensor's stash and reload (docs/simulator.md,
+ * "The paged stash", "Time"). Both are Triton kernels that Megatron
+ * launches with min(max_num_tokens, 2048) programs (paged_stash.py:
+ * 222-227, 275-282), each looping over the tensor's rows strided by the
+ * grid until every row is copied (moe/ops/paged_stash.py:113-137,
+ * 224-249): the kernel holds its programs' SM slots for the whole copy,
+ * so the copy runs as a kernel of its own, never hidden under compute.
+ * Into device pages, the stash reads the rows and writes them (2 * bytes
+ * through HBM) and the reload does the same. Into host pages the SMs store
+ * the rows over the link: the stash reads HBM once and its stores drain at
+ * d2h_gbps, the reload loads at h2d_gbps and writes HBM once, each kernel
+ * as long as the slower of the two. */
+static double stash_copy_us(const kiln_hardware *hw, double bytes, int host)
+{
+	if (!host)
+		return 2 * kiln_cost_hbm_us(hw, 2 * bytes);
+	double hbm = kiln_cost_hbm_us(hw, bytes);
+	double d2h = hw->d2h_gbps > 0 ? bytes / (hw->d2h_gbps * 1e3) : 0;
+	double h2d = hw->h2d_gbps > 0 ? bytes / (hw->h2d_gbps * 1e3) : 0;
+	return (d2h > hbm ? d2h : hbm) + (h2d > hbm ? h2d : hbm);
+}
+
 double kiln_sim_stash_place(const kiln_sim_stash *st, const kiln_hardware *hw, double n,
-                            const double *shares, double f_us, double b_us, int64_t *cuda,
-                            int64_t *host, int64_t used_c, int64_t used_h, int *overflowed,
-                            double *spilled, int *dropped)
+                            const double *shares, int64_t *cuda, int64_t *host, int64_t used_c,
+                            int64_t used_h, int *overflowed, double *spilled, int *dropped)
 {
 	double rows = kiln_sim_stash_padded_rows_of(st, n, shares);
 	if (rows > st->budget_rows) {
@@ -787,17 +808,14 @@ double kiln_sim_stash_place(const kiln_sim_stash *st, const kiln_hardware *hw, d
 	if (*overflowed || pg == 0)
 		return 0;
 	double bytes = rows * st->row_bytes; /* the kernel copies the padded rows */
-	double hbm = hw->hbm_gbps > 0 ? 2 * bytes / (hw->hbm_gbps * 1e3) : 0;
 	if (st->cuda_pages - used_c - *cuda >= pg) {
 		*cuda += pg;
-		return 2 * hbm;
+		return stash_copy_us(hw, bytes, 0);
 	}
 	if (st->host_pages - used_h - *host >= pg) {
 		*host += pg;
 		*spilled += bytes;
-		double d2h = hw->d2h_gbps > 0 ? bytes / (hw->d2h_gbps * 1e3) : 0;
-		double h2d = hw->h2d_gbps > 0 ? bytes / (hw->h2d_gbps * 1e3) : 0;
-		return hbm + (d2h > f_us ? d2h - f_us : 0) + (h2d > b_us ? h2d - b_us : 0);
+		return stash_copy_us(hw, bytes, 1);
 	}
 	*overflowed = 1;
 	return 0;
@@ -852,20 +870,6 @@ static const double STASH_CF_DOWN[] = {1.4, 1.3, 1.2};
 #define STASH_CUDA_STEPS 21     /* 0, 0.1, ..., 2.0 */
 #define STASH_CPU_MAX_STEPS 200 /* the CPU factor in steps of 0.1, at most 20 */
 
-/* The forward and backward time of graph layer l at n expert rows, as the
- * simulator times it (sim.c, the world's layer times). */
-static void layer_times(const kiln_ir_graph *g, int32_t l, double n, double *f, double *b)
-{
-	*f = *b = 0;
-	for (int32_t o = g->layers[l].op_begin; o < g->layers[l].op_end; o++) {
-		double us = kiln_cost_op_time_us(g, &g->ops[o], n);
-		if (g->ops[o].backward)
-			*b += us;
-		else
-			*f += us;
-	}
-}
-
 /* One stage's stash at the design load: whether its budget holds the
  * design load's padded rows (no tokens dropped), whether its pages hold
  * the window's tensors there (no overflow) and its host pages fit the
@@ -895,13 +899,9 @@ static stash_at_design stash_design(const kiln_compilation *c, const kiln_unit_s
 	d.holds = on_dev + on_host >= tensors;
 	double per_dev = hw->devices_per_node > 0 ? (double)hw->devices_per_node : 1;
 	d.host_ok = st->host_bytes <= hw->host_memory_gib * 1073741824.0 / per_dev;
-	double f, b, bytes = rows * st->row_bytes;
-	layer_times(c->graph, set->layer, KILN_BASELINE_DESIGN_LOAD * bal, &f, &b);
-	double hbm = hw->hbm_gbps > 0 ? 2 * bytes / (hw->hbm_gbps * 1e3) : 0;
-	double d2h = hw->d2h_gbps > 0 ? bytes / (hw->d2h_gbps * 1e3) : 0;
-	double h2d = hw->h2d_gbps > 0 ? bytes / (hw->h2d_gbps * 1e3) : 0;
-	double spill = hbm + (d2h > f ? d2h - f : 0) + (h2d > b ? h2d - b : 0);
-	d.us = (on_dev * 2 * hbm + on_host * spill) / (window > 0 ? window : 1);
+	double bytes = rows * st->row_bytes;
+	d.us = (on_dev * stash_copy_us(hw, bytes, 0) + on_host * stash_copy_us(hw, bytes, 1)) /
+	       (window > 0 ? window : 1);
 	return d;
 }
 
