@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "costmodel/costmodel.h"
+#include "frontend/frontend.h"
 #include "kiln_test.h"
 #include "passes/passes.h"
 #include "sim/sim.h"
@@ -585,4 +586,127 @@ Test(baselines, uniform_chunks_fit_by_their_bytes)
 		}
 		kiln_arena_free(a);
 	}
+}
+
+/* tiny.yaml with extra (a top-level YAML section) appended, compiled; its
+ * arena in *out_a (the caller frees it). */
+static kiln_compilation tiny_with(const char *extra, kiln_arena **out_a)
+{
+	FILE *f = fopen(kt_src("examples/models/tiny.yaml"), "rb");
+	cr_assert_not_null(f);
+	static char text[1 << 16];
+	size_t len = fread(text, 1, sizeof text - 1, f);
+	fclose(f);
+	cr_assert_lt(len + strlen(extra), sizeof text);
+	memcpy(text + len, extra, strlen(extra) + 1);
+	len += strlen(extra);
+	kiln_arena *a = kiln_arena_new();
+	cr_assert_not_null(a);
+	kiln_model *m = NULL;
+	cr_assert_eq(kiln_frontend_load_buffer("tiny-with.yaml", text, len, a, stderr, &m), 0);
+	kiln_compilation c = {.model = m, .arena = a, .solver = KILN_SOLVER_DP};
+	cr_assert_eq(kiln_pipeline_compile(&c, NULL, NULL, NULL, stderr), 0);
+	*out_a = a;
+	return c;
+}
+
+/* The graph layer of model layer `index`. */
+static int32_t graph_layer(const kiln_compilation *c, int32_t index)
+{
+	for (int32_t l = 0; l < c->graph->n_layers; l++)
+		if (c->graph->layers[l].index == index)
+			return l;
+	cr_assert_fail("no model layer %d", index);
+	return -1;
+}
+
+/* What Megatron's offload groups move, by hand (fine_grained_activation_
+ * offload.py:609-668 and should_bulk_offload, :1206-1227, at d98e8a64),
+ * on tiny with expert_fc1 offloaded (fc1's input: 2 * h * n = 2 * 64 *
+ * 512 = 65,536 bytes per MoE layer at load 1, every tensor offloaded with
+ * min_offloaded_tensor_size 0), activation_offload_fraction 0.5 and
+ * delta_offload_bytes_across_pp_ranks 65,537. tiny has 4 micro-batches
+ * (one handler each), stage 0 model layers 0 (dense: no expert_fc1
+ * group) to 3, stage 1 layers 4 to 7; stage 0 holds 2 micro-batches in
+ * flight, stage 1 one (its handler's backward runs next: the run-time
+ * rule keeps the last group).
+ * - Stage 0 (rank 0 keeps 0 * delta), micro-batch 0: the margin keeps its
+ *   last group (layer 3); of the 2 left int(2 * 0.5) = 1 later one is
+ *   kept (layer 2): layer 1 offloads. Micro-batches 1-3: int(3 * 0.5) = 1
+ *   (layer 3) kept: layers 1 and 2 offload.
+ * - Stage 1 (rank 1 keeps 65,537 bytes), micro-batch 0: the margin keeps
+ *   layer 7; the delta turns off layer 4 (65,537 - 65,536 = 1 byte still
+ *   to keep) and layer 5; of layer 6 alone int(0.5) = 0 more: layer 6
+ *   offloads. Micro-batches 1-3: int(4 * 0.5) = 2 (layers 6, 7) kept:
+ *   layers 4 and 5 offload. */
+Test(baselines, offload_groups_move_what_megatron_moves)
+{
+	kiln_arena *a;
+	kiln_compilation c = tiny_with("megatron:\n"
+	                               "  offload_modules: [expert_fc1]\n"
+	                               "  min_offloaded_tensor_size: 0\n"
+	                               "  activation_offload_fraction: 0.5\n"
+	                               "  delta_offload_bytes_across_pp_ranks: 65537\n",
+	                               &a);
+	const kiln_model *m = c.model;
+	cr_assert_eq(m->micro_batches, 4);
+	cr_assert_eq(c.graph->n_stages, 2);
+	double n = c.graph->layers[c.sets[moe_set(&c)].layer].n_balanced;
+	double fc1 = 2.0 * (double)m->hidden * n;
+	cr_assert_float_eq(fc1, 65536, 0);
+	const kiln_baseline *bl = &c.baselines[KILN_BASELINE_MEGATRON];
+	cr_expect_str_eq(bl->models,
+	                 "Megatron-Core --fine-grained-activation-offloading --offload-modules "
+	                 "expert_fc1 --min-offloaded-tensor-size 0 --activation-offload-fraction "
+	                 "0.5 --delta-offload-bytes-across-pp-ranks 65537");
+	kiln_megatron_actions ma;
+	cr_assert_eq(kiln_megatron_recipe_eval(&c, &m->megatron, 1.0, a, &ma), 0);
+	/* [stage][run][layer within the stage]: fc1 inputs offloaded */
+	static const int want[2][2][4] = {{{0, 1, 0, 0}, {0, 1, 1, 0}},
+	                                  {{0, 0, 1, 0}, {1, 1, 0, 0}}};
+	for (int s = 0; s < 2; s++) {
+		cr_assert_eq(ma.n_runs[s], 2, "stage %d", s);
+		cr_expect_eq(ma.run_end[s][0], 1);
+		cr_expect_eq(ma.run_end[s][1], 4);
+		for (int r = 0; r < 2; r++)
+			for (int j = 0; j < 4; j++) {
+				int32_t l = graph_layer(&c, 4 * s + j);
+				if (c.graph->layers[l].kind != KILN_LAYER_MOE) {
+					cr_expect_eq(want[s][r][j], 0);
+					continue;
+				}
+				cr_assert_not_null(ma.layer_actions[l]);
+				int32_t i = -1;
+				for (int32_t k = 0; k < c.n_sets; k++)
+					if (c.sets[k].stage == s &&
+					    c.sets[k].kind == KILN_LAYER_MOE)
+						i = k;
+				kiln_plan_bytes b;
+				kiln_plan_bytes_at(&c.sets[i], ma.layer_actions[l][r], n, &b);
+				cr_expect_float_eq(b.offloaded, want[s][r][j] * fc1, 0.5,
+				                   "stage %d run %d layer %d: %.0f", s, r,
+				                   4 * s + j, b.offloaded);
+			}
+	}
+	/* The simulator gives each micro-batch its plan, the baseline's,
+	 * chosen at the design load 1.2 (groups of 1.2 * 65,536 = 78,643
+	 * bytes): layer 2 keeps fc1's input in micro-batch 0 only (as at load
+	 * 1), and so does layer 4 (the delta, 65,537 bytes, is spent on it). */
+	kiln_sim_policy *p;
+	cr_assert_eq(kiln_sim_policy_new(KILN_SIM_MEGATRON, &c, NULL, 0, a, stderr, &p), 0);
+	const int32_t layers[2] = {2, 4};
+	for (int k = 0; k < 2; k++) {
+		int32_t set = -1;
+		for (int32_t i = 0; i < c.n_sets; i++)
+			if (c.sets[i].stage == k && c.sets[i].kind == KILN_LAYER_MOE)
+				set = i;
+		kiln_sim_choice first, later;
+		kiln_sim_policy_decide(p, set, layers[k], n, 1e12, 0, 0, 0, &first);
+		kiln_sim_policy_decide(p, set, layers[k], n, 1e12, 0, 2, 0, &later);
+		cr_expect_eq(first.resident_bytes - later.resident_bytes, fc1, "layer %d",
+		             layers[k]);
+		cr_expect_gt(later.copy_us, first.copy_us, "layer %d", layers[k]);
+	}
+	kiln_sim_policy_free(p);
+	kiln_arena_free(a);
 }
