@@ -710,3 +710,99 @@ Test(baselines, offload_groups_move_what_megatron_moves)
 	kiln_sim_policy_free(p);
 	kiln_arena_free(a);
 }
+
+/* The search with Megatron's offload tuning against every recipe of its
+ * space on tiny with every tensor offloadable (min_offloaded_tensor_size
+ * 0), the modules restricted beside it to layernorm and moe_act
+ * recompute and attn_norm, mlp_norm, expert_fc1 and moe_act offload
+ * (and no full recompute) to keep the enumeration small: every subset of
+ * each, and for each offloading one every fraction with every delta of
+ * the grid (passes.h, KILN_MEGATRON_FRACTIONS; the delta's unit from
+ * kiln_megatron_delta_unit). Evaluated one by one without the search's
+ * pruning or memo; the least objective, then the least summed exposed
+ * time, must be the search's. On tiny's own memory the brute-force best
+ * is a tuned recipe (a delta across pp ranks) at some load: the tuning is
+ * what is tested. */
+Test(baselines, search_with_offload_tuning_finds_the_brute_force_best, .timeout = 600)
+{
+	kiln_arena *ca;
+	kiln_compilation c = tiny_with("megatron:\n  min_offloaded_tensor_size: 0\n", &ca);
+	const uint32_t rs = KILN_MRC(LAYERNORM) | KILN_MRC(MOE_ACT);
+	const uint32_t os =
+	    KILN_MOF(ATTN_NORM) | KILN_MOF(MLP_NORM) | KILN_MOF(EXPERT_FC1) | KILN_MOF(MOE_ACT);
+	kiln_megatron_beside bs = {.no_recompute = ((1u << KILN_MRC_COUNT) - 1) & ~rs,
+	                           .no_offload = ((1u << KILN_MOF_COUNT) - 1) & ~os,
+	                           .no_full = true};
+	const double loads[] = {1.2, 2.5};
+	int tuned = 0;
+	for (size_t j = 0; j < 2; j++) {
+		kiln_arena *a = kiln_arena_new();
+		cr_assert_not_null(a);
+		bool found = false, best_tuned = false;
+		double bw = INFINITY, bsum = INFINITY;
+		for (uint32_t R = 0; R < 1u << KILN_MRC_COUNT; R++) {
+			if (R & ~rs)
+				continue;
+			for (uint32_t O = 0; O < 1u << KILN_MOF_COUNT; O++) {
+				if (O & ~os)
+					continue;
+				kiln_megatron base = {.recompute = R ? KILN_RECOMPUTE_SELECTIVE
+				                                     : KILN_RECOMPUTE_NONE,
+				                      .recompute_modules = R,
+				                      .offload_modules = O,
+				                      .min_offloaded_set = true};
+				double unit = 0;
+				if (O)
+					cr_assert_eq(
+					    kiln_megatron_delta_unit(&c, &base, loads[j], a, &unit),
+					    0);
+				for (int fi = 0; fi < KILN_MEGATRON_N_FRACTIONS; fi++)
+					for (int di = 0; di < KILN_MEGATRON_N_DELTAS; di++) {
+						double f = kiln_megatron_fractions[fi];
+						double d = floor(unit * kiln_megatron_deltas[di]);
+						if ((fi > 0 || di > 0) && !(unit > 0))
+							continue;
+						if ((fi > 0 || di > 0) && f == 1 && d == 0)
+							continue;
+						kiln_megatron r = base;
+						r.offload_fraction_set = f < 1;
+						r.offload_fraction = f < 1 ? f : 0;
+						r.delta_offload_bytes = (int64_t)d;
+						kiln_megatron_actions ma;
+						cr_assert_eq(kiln_megatron_recipe_eval(
+						                 &c, &r, loads[j], a, &ma),
+						             0);
+						if (!ma.fits)
+							continue;
+						double tol = 1e-9 * fmax(1, bw);
+						if (!found || ma.worst_us < bw - tol ||
+						    (ma.worst_us <= bw + tol &&
+						     ma.exposed_us < bsum)) {
+							bw = ma.worst_us;
+							bsum = ma.exposed_us;
+							best_tuned = fi > 0 || di > 0;
+						}
+						found = true;
+					}
+			}
+		}
+		kiln_megatron r;
+		kiln_megatron_actions ma;
+		cr_assert_eq(kiln_megatron_search_beside(&c, loads[j], &bs, a, &r, &ma, NULL), 0);
+		char fl[512];
+		cr_assert_geq(kiln_megatron_flags_format(&r, fl, sizeof fl), 0);
+		cr_assert_eq(ma.fits, found, "load %g: %s", loads[j], fl);
+		if (found) {
+			cr_expect_float_eq(ma.worst_us, bw, 1e-9 * fmax(1, bw),
+			                   "load %g: %s %.6f vs %.6f", loads[j], fl, ma.worst_us,
+			                   bw);
+			cr_expect_float_eq(ma.exposed_us, bsum, 1e-6 * fmax(1, bsum),
+			                   "load %g: %s %.6f vs %.6f", loads[j], fl, ma.exposed_us,
+			                   bsum);
+		}
+		tuned += best_tuned;
+		kiln_arena_free(a);
+	}
+	kiln_arena_free(ca);
+	cr_expect_gt(tuned, 0, "no case where the offload tuning wins: the test tests nothing");
+}
