@@ -806,3 +806,69 @@ Test(baselines, search_with_offload_tuning_finds_the_brute_force_best, .timeout 
 	kiln_arena_free(ca);
 	cr_expect_gt(tuned, 0, "no case where the offload tuning wins: the test tests nothing");
 }
+
+/* Megatron's uniform full recompute in chunks of N = 2 layers
+ * (megatron/core/recompute.py:157-166 at d98e8a64) through the whole
+ * simulator, exact and at balanced load (every rank at its 512 rows), on
+ * tiny's stage 0: model layers 0 (dense) to 3 (MoE), chunks {0, 1} and
+ * {2, 3}, two micro-batches in flight. By hand, per micro-batch the chunk
+ * heads 0 and 2 keep their inputs (2 * 32,768 bytes; seq 128 * micro-batch
+ * 2 * hidden 64 * 2 bytes each) beside the fixed bytes, the others nothing;
+ * a chunk's backward holds what both its layers rebuild (each layer's
+ * full-recompute saved bytes, S_d dense and S_m MoE, and the second
+ * layer's input, 32,768) beside the larger of their workspaces (W_d,
+ * W_m). So the stage's peak, with micro-batch 1 in backward beside
+ * micro-batch 0, is
+ *   static + 2 * (fixed + 2 * 32,768)
+ *          + max(S_d + S_m + 32,768 + max(W_d, W_m), 2 * S_m + 32,768 + W_m),
+ * S and W read from one layer's full-recompute plan (kiln_plan_bytes_at).
+ * With N = 1 every layer keeps its input and one layer is rebuilt at a
+ * time: static + 2 * (fixed + 4 * 32,768) + max(S_d + W_d, S_m + W_m). */
+Test(baselines, uniform_chunks_peak_in_the_simulator)
+{
+	const kiln_compilation *c = kt_compiled("examples/models/tiny.yaml", KILN_SOLVER_DP, false);
+	int32_t moe = moe_set(c), dense = -1;
+	for (int32_t i = 0; i < c->n_sets; i++)
+		if (c->sets[i].stage == 0 && c->sets[i].kind == KILN_LAYER_DENSE)
+			dense = i;
+	cr_assert_geq(dense, 0);
+	cr_assert_eq(c->sets[moe].stage, 0);
+	const kiln_stage_budget *bu = &c->budgets[0];
+	cr_assert_eq(bu->inflight, 2);
+	kiln_plan_bytes bd, bm;
+	const int32_t *full = c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan;
+	kiln_plan_bytes_at(&c->sets[dense], c->pool->actions[full[dense]], 0, &bd);
+	kiln_plan_bytes_at(&c->sets[moe], c->pool->actions[full[moe]],
+	                   c->graph->layers[c->sets[moe].layer].n_balanced, &bm);
+	double sd = bd.saved, sm = bm.saved, wd = bd.transient - bd.saved,
+	       wm = bm.transient - bm.saved, in = 32768;
+	double fixed = ceil(bu->fixed_bytes - 1e-6);
+	double want2 = bu->static_bytes + 2 * (fixed + 2 * in) +
+	               fmax(sd + sm + in + fmax(wd, wm), 2 * sm + in + wm);
+	double want1 = bu->static_bytes + 2 * (fixed + 4 * in) + fmax(sd + wd, sm + wm);
+	kiln_arena *a = kiln_arena_new();
+	cr_assert_not_null(a);
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse("balanced", c->model->max_factor, a, stderr, &prof), 0);
+	const int64_t ns[2] = {1, 2};
+	const double want[2] = {want1, want2};
+	for (int k = 0; k < 2; k++) {
+		kiln_compilation cu;
+		kiln_baseline bls[KILN_BASELINE_COUNT];
+		with_uniform(c, ns[k], &cu, bls);
+		kiln_sim_config cfg = {.c = &cu,
+		                       .loads = prof,
+		                       .iterations = 1,
+		                       .seed = 1,
+		                       .restart_s = 284,
+		                       .checkpoint_every = 100,
+		                       .exact = 1,
+		                       .threads = 1};
+		kiln_sim_policy_kind pk = KILN_SIM_MEGATRON;
+		kiln_sim_result r;
+		cr_assert_eq(kiln_sim_run(&cfg, &pk, 1, a, stderr, &r), 0);
+		cr_expect_float_eq(r.peak_bytes[0], want[k], 0.5, "N = %lld: %.0f, hand %.0f",
+		                   (long long)ns[k], r.peak_bytes[0], want[k]);
+	}
+	kiln_arena_free(a);
+}
