@@ -1080,7 +1080,7 @@ int kiln_megatron_search_beside(const kiln_compilation *c, double load,
 					/* The offload tuning's grid on a recipe whose
 					 * groups move bytes on stage 0. */
 					double unit = 0;
-					if (O) {
+					if (O && !(beside && beside->no_offload_tuning)) {
 						shape sh = shape_of(&r);
 						bool block;
 						stage_runs rs;

@@ -407,6 +407,7 @@ typedef struct kiln_megatron_beside {
 	uint32_t no_recompute; /* KILN_MRC bits not searched */
 	uint32_t no_offload;   /* KILN_MOF bits not searched */
 	bool no_full;          /* full recompute not searched (nor its fallback) */
+	bool no_offload_tuning; /* the offload fraction and delta grid not searched */
 	/* per unit set (NULL entries: none), per unit: 1 for a unit held
 	 * outside the recipe: always kept, its per-row bytes not resident */
 	const uint8_t *const *outside;

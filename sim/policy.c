@@ -1216,9 +1216,13 @@ static int stash_prepare(kiln_sim_policy *p, const kiln_sim_stash_flags *flags, 
 		for (int32_t u = 0; u < set->n_units; u++)
 			outside[k][u] = (uint8_t)stash_paged_unit(c, &set->units[u]);
 	}
+	/* The factors are chosen with the recipe's offload tuning left out
+	 * (each try searches the recipe again); the recipe beside the chosen
+	 * factors is then searched with it. */
 	kiln_megatron_beside bs = {.no_recompute = STASH_NO_RECOMPUTE,
 	                           .no_offload = STASH_NO_OFFLOAD,
 	                           .no_full = true,
+	                           .no_offload_tuning = true,
 	                           .outside = (const uint8_t *const *)outside,
 	                           .reserved_bytes = reserved,
 	                           .transient_bytes = tr,
@@ -1276,6 +1280,11 @@ static int stash_prepare(kiln_sim_policy *p, const kiln_sim_stash_flags *flags, 
 			}
 		}
 	}
+	bs.no_offload_tuning = false;
+	if (stash_try_flags(p, &best.fl, &bs, reserved, us, tr, a, &cur) != 0)
+		return -1;
+	if (cur.fit >= best.fit)
+		best = cur;
 	stash_size_all(p, &best.fl, reserved, us, tr);
 	for (int32_t k = 0; k < ns; k++)
 		p->actions[k] = best.ma.tail[k];
