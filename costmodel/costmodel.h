@@ -276,9 +276,22 @@ void kiln_megatron_tensor_uses(const kiln_ir_graph *g, int32_t root, kiln_megatr
  * makes and only it saves. 0: the tensor stays. */
 uint32_t kiln_megatron_drops(const kiln_megatron_uses *u, uint32_t modules);
 
+/* Recipe r's --activation-offload-fraction (1 when not given) and
+ * --min-offloaded-tensor-size in elements (Megatron's 1M when not given,
+ * transformer_config.py:1343). */
+double kiln_megatron_fraction(const kiln_megatron *r);
+double kiln_megatron_min_offloaded(const kiln_megatron *r);
+
+/* The offload modules in the order a transformer layer's forward enters
+ * their contexts (transformer_layer.py, attention.py, moe/experts.py):
+ * its offload groups are ordered so (fine_grained_activation_offload.py,
+ * on_group_start_forward, :1310-1330). */
+extern const uint32_t kiln_megatron_group_order[KILN_MOF_COUNT];
+
 /* Writes recipe r as Megatron's command-line flags (e.g.
  * "--recompute-granularity selective --recompute-modules layernorm moe_act
- * --fine-grained-activation-offloading --offload-modules expert_fc1") into
+ * --fine-grained-activation-offloading --offload-modules expert_fc1
+ * --activation-offload-fraction 0.75") into
  * buf (size bytes, NUL-terminated). Returns the length, or -1 when it did
  * not fit. */
 int kiln_megatron_flags_format(const kiln_megatron *r, char *buf, size_t size);

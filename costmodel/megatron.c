@@ -170,6 +170,25 @@ uint32_t kiln_megatron_drops(const kiln_megatron_uses *u, uint32_t modules)
 	return drop;
 }
 
+double kiln_megatron_fraction(const kiln_megatron *r)
+{
+	return r->offload_fraction_set ? r->offload_fraction : 1.0;
+}
+
+double kiln_megatron_min_offloaded(const kiln_megatron *r)
+{
+	return r->min_offloaded_set ? (double)r->min_offloaded_elements : 1048576.0;
+}
+
+/* attn_norm (input_layernorm, transformer_layer.py:697-712), qkv_linear
+ * (attention.py:1386-1395), core_attn (:1553-1605), attn_proj
+ * (:1626-1629), mlp_norm (transformer_layer.py:819), then the experts:
+ * expert_fc1 (moe/experts.py:928-939), moe_act (:941), or the fused
+ * grouped MLP in their place. */
+const uint32_t kiln_megatron_group_order[KILN_MOF_COUNT] = {
+    KILN_MOF(ATTN_NORM), KILN_MOF(QKV_LINEAR), KILN_MOF(CORE_ATTN), KILN_MOF(ATTN_PROJ),
+    KILN_MOF(MLP_NORM),  KILN_MOF(EXPERT_FC1), KILN_MOF(MOE_ACT),   KILN_MOF(FUSED_GROUP_MLP)};
+
 int kiln_megatron_flags_format(const kiln_megatron *r, char *buf, size_t size)
 {
 	static const char *const rmods[] = {
@@ -210,6 +229,13 @@ int kiln_megatron_flags_format(const kiln_megatron *r, char *buf, size_t size)
 			if (r->offload_modules & (1u << b))
 				PUT(" %s", omods[b]);
 	}
+	if (r->offload_modules && r->min_offloaded_set)
+		PUT(" --min-offloaded-tensor-size %lld", (long long)r->min_offloaded_elements);
+	if (r->offload_modules && r->offload_fraction_set)
+		PUT(" --activation-offload-fraction %g", r->offload_fraction);
+	if (r->offload_modules && r->delta_offload_bytes > 0)
+		PUT(" --delta-offload-bytes-across-pp-ranks %lld",
+		    (long long)r->delta_offload_bytes);
 	if (r->capacity_factor > 0) {
 		PUT("%s--moe-expert-capacity-factor %g%s", n ? " " : "", r->capacity_factor,
 		    r->pad_to_capacity ? " --moe-pad-expert-input-to-capacity" : "");

@@ -493,6 +493,48 @@ static void check_megatron(vctx *v, kiln_megatron *out)
 			    "offload_modules: attn_proj cannot be offloaded without core_attn "
 			    "(Megatron-Core's rule)");
 	}
+	/* Fine-grained offloading's tuning: Megatron checks it only with
+	 * offloading on (transformer_config.py:2176-2184). The fraction and
+	 * the delta without offload_modules would change nothing and are
+	 * refused; the minimum size also tells the recipe search (which
+	 * chooses the modules) what Megatron would offload. */
+	kiln_fe_field *fr = FLD(ACTIVATION_OFFLOAD_FRACTION);
+	kiln_fe_field *dl = FLD(DELTA_OFFLOAD_BYTES_ACROSS_PP_RANKS);
+	kiln_fe_field *mo = FLD(MIN_OFFLOADED_TENSOR_SIZE);
+	const kiln_fe_field *off_keys[2] = {fr, dl};
+	const kiln_fe_field_id off_ids[2] = {KILN_FE_F_ACTIVATION_OFFLOAD_FRACTION,
+	                                     KILN_FE_F_DELTA_OFFLOAD_BYTES_ACROSS_PP_RANKS};
+	for (int k = 0; k < 2; k++)
+		if (off_keys[k]->state == KILN_FE_SET && om->state == KILN_FE_ABSENT) {
+			char msg[256];
+			snprintf(msg, sizeof msg,
+			         "%s needs offload_modules (it tunes fine-grained activation "
+			         "offloading)",
+			         kiln_fe_field_key(off_ids[k]));
+			rule_error(v, off_keys[k]->value, off_ids[k], msg);
+		}
+	if (fr->state == KILN_FE_SET) {
+		if (!(fr->f >= 0 && fr->f <= 1))
+			rule_error(v, fr->value, KILN_FE_F_ACTIVATION_OFFLOAD_FRACTION,
+			           "activation_offload_fraction must be in [0, 1] (Megatron-Core's "
+			           "rule)");
+		else
+			out->offload_fraction_set = true, out->offload_fraction = fr->f;
+	}
+	if (dl->state == KILN_FE_SET) {
+		if (dl->i >= (INT64_C(1) << 50))
+			rule_error(v, dl->value, KILN_FE_F_DELTA_OFFLOAD_BYTES_ACROSS_PP_RANKS,
+			           "delta_offload_bytes_across_pp_ranks must be below 2^50 bytes");
+		else
+			out->delta_offload_bytes = dl->i;
+	}
+	if (mo->state == KILN_FE_SET) {
+		if (mo->i >= (INT64_C(1) << 50))
+			rule_error(v, mo->value, KILN_FE_F_MIN_OFFLOADED_TENSOR_SIZE,
+			           "min_offloaded_tensor_size must be below 2^50 elements");
+		else
+			out->min_offloaded_set = true, out->min_offloaded_elements = mo->i;
+	}
 	bool moe = FLD(MOE)->state == KILN_FE_SET;
 	const kiln_fe_field *moe_keys[3] = {cf, pad, fb};
 	for (int k = 0; k < 3; k++)

@@ -184,6 +184,17 @@ typedef struct kiln_megatron {
 	int64_t recompute_num_layers; /* full recompute: 0 means every layer */
 	uint32_t recompute_modules;   /* KILN_MRC bits; selective */
 	uint32_t offload_modules;     /* KILN_MOF bits */
+	/* Fine-grained offloading's tuning (transformer_config.py:1343-1362):
+	 * --activation-offload-fraction (offload_fraction, in [0, 1], when
+	 * offload_fraction_set; 1 otherwise: kiln_megatron_fraction),
+	 * --delta-offload-bytes-across-pp-ranks (bytes, 0: none) and
+	 * --min-offloaded-tensor-size (elements, when min_offloaded_set;
+	 * Megatron's 1M otherwise). */
+	bool offload_fraction_set;
+	double offload_fraction;
+	int64_t delta_offload_bytes;
+	bool min_offloaded_set;
+	int64_t min_offloaded_elements;
 	double capacity_factor;       /* 0: dropless */
 	bool pad_to_capacity;
 	bool force_load_balancing;

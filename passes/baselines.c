@@ -183,8 +183,7 @@ static int32_t set_of_layer(const kiln_compilation *c, int32_t l)
 
 /* Megatron skips offloading tensors below min_offloaded_tensor_size
  * elements (transformer_config.py:1343, default 1M;
- * fine_grained_activation_offload.py:1084). */
-#define MIN_OFFLOADED_ELEMENTS 1048576.0
+ * fine_grained_activation_offload.py:1084): kiln_megatron_min_offloaded. */
 
 /* What every recipe evaluation shares: per set the module uses of its
  * units, the set's rows at the load, how many of its layers fall in a
@@ -199,6 +198,7 @@ typedef struct recipes {
 	int32_t max_block;         /* most transformer layers of one chunk on a stage */
 	int32_t **in_block;        /* per set, per k in 0..max_block: its layers in the block */
 	double min_offload_bytes;
+	int64_t m; /* micro-batches per iteration: Megatron's offload handlers */
 	const kiln_megatron_beside *beside; /* NULL: nothing beside the recipe */
 	/* the search's memo of scheduled exposed times, per set */
 	struct memo **memo;
@@ -232,7 +232,9 @@ static int recipes_init(recipes *w, const kiln_compilation *c, double load, bool
 	w->bucket = kiln_plan_bucket_of(c->buckets, c->n_buckets, load);
 	if (w->bucket >= c->n_buckets)
 		w->bucket = c->n_buckets - 1;
-	w->min_offload_bytes = MIN_OFFLOADED_ELEMENTS * (double)kiln_model_act_bytes(c->model);
+	w->min_offload_bytes = kiln_megatron_min_offloaded(&c->model->megatron) *
+	                       (double)kiln_model_act_bytes(c->model);
+	w->m = c->model->micro_batches > 0 ? c->model->micro_batches : 1;
 	w->uses = kiln_arena_alloc(a, sizeof(kiln_megatron_uses *) * (size_t)ns);
 	w->n = kiln_arena_alloc(a, sizeof(double) * (size_t)ns);
 	w->base_us = kiln_arena_alloc(a, sizeof(double) * (size_t)(g->n_stages + 1));
@@ -361,12 +363,16 @@ typedef struct shape {
 	uint32_t rmods, omods;
 	bool full;
 	int32_t block;
-	int32_t chunk; /* full uniform: layers per checkpointed chunk (0, 1: one) */
+	int32_t chunk;   /* full uniform: layers per checkpointed chunk (0, 1: one) */
+	double fraction; /* --activation-offload-fraction */
+	double delta;    /* --delta-offload-bytes-across-pp-ranks */
 } shape;
 
 static shape shape_of(const kiln_megatron *r)
 {
-	shape sh = {.omods = r->offload_modules};
+	shape sh = {.omods = r->offload_modules,
+	            .fraction = kiln_megatron_fraction(r),
+	            .delta = (double)r->delta_offload_bytes};
 	if (r->recompute == KILN_RECOMPUTE_SELECTIVE)
 		sh.rmods = r->recompute_modules;
 	if (r->recompute == KILN_RECOMPUTE_FULL) {
@@ -451,37 +457,380 @@ static bool uniform_fits(const recipes *w, int32_t s, uint8_t *const *tail, int3
 	return bu->inflight * resident + worst <= bu->capacity_bytes - bu->static_bytes - reserved;
 }
 
-/* Fit and objective of the actions shape_actions made. Returns 0, or -1
- * when a schedule failed. */
-static int judge(recipes *w, uint8_t **tail, uint8_t **head, const int32_t *n_tail,
-                 const int32_t *n_head, bool block, int32_t chunk, bool *out_fits,
-                 double *out_worst, double *out_sum, bool price)
+/* ---------------------------------------------------------------- Offload groups
+ *
+ * Megatron's fine-grained offloading moves a layer's saved tensors in
+ * groups, one per (layer, offload module) in forward order, held by one
+ * ChunkOffloadHandler per micro-batch of the first (warmup) iteration and
+ * reused in that order afterwards (fine_grained_activation_offload.py:
+ * 742-802, 804-818; on_group_start_forward, :1310-1330). After the warmup
+ * iteration post_warmup_callback (:609-668) turns groups off, in this
+ * order, on the handlers in backward order (micro-batch order under 1F1B):
+ * - the margin (:617-639): in the first handler, the last group of each
+ *   module name stays on the device, so its reload never stalls;
+ * - the delta (:640-648): pp rank r keeps r * delta bytes on the device,
+ *   turning off whole groups from the first handler's first group on
+ *   while any of those bytes remain (a group's bytes are what it moved in
+ *   the warmup iteration);
+ * - the fraction (:649-668): per handler, of the groups still on that
+ *   moved bytes, the last int(count * (1 - fraction)) in forward order.
+ * At run time should_bulk_offload (:1206-1227) also keeps the last group
+ * of each name of a handler whose backward runs next (a stage whose
+ * window is one micro-batch: 1F1B's last stage). A group moves the units
+ * its module's context saves that the recipe offloads (set_actions) at
+ * the load. kiln models one stage's handlers as one sequence of its
+ * layers (exact for vpp 1; with vpp > 1 Megatron keeps one handler per
+ * model chunk, whose backward order interleaves the chunks: not
+ * modelled). The handlers fall into at most MAX_RUNS runs of equal
+ * plans: the first, whole handlers the delta turns off, the one it turns
+ * off in part, and the rest. */
+#define MAX_RUNS 4
+#define MAX_STAGE_LAYERS 256
+#define MAX_GROUPS (MAX_STAGE_LAYERS * KILN_MOF_COUNT)
+
+typedef struct stage_runs {
+	int32_t n_runs;        /* 0: no group on the stage moves a byte */
+	double total;          /* the bytes one handler's groups move before any is turned off */
+	int64_t end[MAX_RUNS]; /* run r: micro-batches end[r - 1] .. end[r] - 1 */
+	int32_t n_layers;
+	int32_t layer[MAX_STAGE_LAYERS];         /* the stage's layers with a unit set */
+	bool block[MAX_STAGE_LAYERS];            /* in the full-recompute block: no group moves */
+	uint32_t on[MAX_RUNS][MAX_STAGE_LAYERS]; /* the offload modules still offloading */
+} stage_runs;
+
+typedef struct group {
+	int32_t j;    /* index into stage_runs.layer */
+	uint32_t bit; /* KILN_MOF */
+	double bytes;
+} group;
+
+/* One handler's groups left on (off[g] 0 when turned off). first: the
+ * first handler (the margin); *keep: the delta's bytes still to keep,
+ * consumed; last_rule: should_bulk_offload's run-time rule. */
+static void handler_flags(const group *gs, int32_t ng, bool first, double *keep, double fraction,
+                          bool last_rule, uint8_t *off)
+{
+	for (int32_t g = 0; g < ng; g++)
+		off[g] = 1;
+	for (int k = 0; first && k < KILN_MOF_COUNT; k++)
+		for (int32_t g = ng - 1; g >= 0; g--)
+			if (gs[g].bit == kiln_megatron_group_order[k]) {
+				off[g] = 0;
+				break;
+			}
+	for (int32_t g = 0; g<ng && * keep> 0; g++)
+		if (off[g]) {
+			*keep -= gs[g].bytes;
+			off[g] = 0;
+		}
+	int64_t eligible = 0;
+	for (int32_t g = 0; g < ng; g++)
+		eligible += off[g] && gs[g].bytes > 0;
+	/* Python's int(count * (1 - fraction)): the same IEEE operations. */
+	int64_t disabled = (int64_t)((double)eligible * (1.0 - fraction));
+	for (int32_t g = ng - 1; g >= 0 && disabled > 0; g--)
+		if (off[g] && gs[g].bytes > 0) {
+			off[g] = 0;
+			disabled--;
+		}
+	for (int k = 0; last_rule && k < KILN_MOF_COUNT; k++)
+		for (int32_t g = ng - 1; g >= 0; g--)
+			if (gs[g].bit == kiln_megatron_group_order[k]) {
+				off[g] = 0;
+				break;
+			}
+}
+
+static void runs_add(stage_runs *rs, const group *gs, int32_t ng, const uint8_t *off, int64_t end)
+{
+	int32_t r = rs->n_runs++;
+	rs->end[r] = end;
+	for (int32_t j = 0; j < rs->n_layers; j++)
+		rs->on[r][j] = 0;
+	for (int32_t g = 0; g < ng; g++)
+		if (off[g])
+			rs->on[r][gs[g].j] |= gs[g].bit;
+}
+
+/* Stage s's handlers under sh, the layers outside a block taking tail
+ * (their offloads: the groups' units), into out. */
+static void stage_groups(const recipes *w, const shape *sh, int32_t s, uint8_t *const *tail,
+                         stage_runs *out)
+{
+	const kiln_compilation *c = w->c;
+	const kiln_ir_graph *g = c->graph;
+	out->n_runs = 0;
+	out->n_layers = 0;
+	out->total = 0;
+	int32_t k = sh->block < w->max_block ? sh->block : w->max_block;
+	bool blocked = sh->full && sh->block > 0 && k < w->max_block;
+	if (!sh->omods || (sh->full && !blocked))
+		return;
+	for (int32_t l = g->stages[s].layer_begin; l < g->stages[s].layer_end; l++) {
+		if (set_of_layer(c, l) < 0)
+			continue;
+		if (out->n_layers == MAX_STAGE_LAYERS)
+			return; /* beyond the model: whole groups (n_runs 0) */
+		out->block[out->n_layers] = blocked && kiln_megatron_in_block(g, l, k);
+		out->layer[out->n_layers++] = l;
+	}
+	group gs[MAX_GROUPS];
+	uint8_t off[MAX_GROUPS];
+	int32_t ng = 0;
+	double total = 0;
+	for (int32_t j = 0; j < out->n_layers; j++) {
+		int32_t i = set_of_layer(c, out->layer[j]);
+		const kiln_unit_set *S = &c->sets[i];
+		for (int b = 0; b < KILN_MOF_COUNT; b++) {
+			uint32_t bit = kiln_megatron_group_order[b];
+			if (!(sh->omods & bit))
+				continue;
+			bool exists = false;
+			double bytes = 0;
+			for (int32_t u = 0; u < S->n_units; u++) {
+				if (!(w->uses[i][u].offloaded_by & bit))
+					continue;
+				exists = true;
+				if (!out->block[j] && tail[i][u] == KILN_ACT_OFFLOAD)
+					bytes += kiln_lin_at(S->units[u].bytes, w->n[i]);
+			}
+			if (exists)
+				gs[ng++] = (group){.j = j, .bit = bit, .bytes = bytes};
+			total += bytes;
+		}
+	}
+	out->total = total;
+	if (!(total > 0))
+		return;
+	double keep = (double)s * sh->delta;
+	bool last_rule = c->budgets[s].inflight <= 1;
+	double last = ng > 0 ? gs[ng - 1].bytes : 0;
+	handler_flags(gs, ng, true, &keep, sh->fraction, last_rule, off);
+	runs_add(out, gs, ng, off, 1);
+	int64_t at = 1;
+	if (at < w->m && keep > total - last) {
+		/* Whole handlers turned off: handler j from here is while
+		 * keep - j * total > total - last. */
+		double q = ceil((keep - total + last) / total);
+		int64_t n = q < (double)(w->m - at) ? (int64_t)q : w->m - at;
+		keep -= (double)n * total;
+		for (int32_t x = 0; x < ng; x++)
+			off[x] = 0;
+		at += n;
+		runs_add(out, gs, ng, off, at);
+	}
+	if (at < w->m && keep > 0) {
+		handler_flags(gs, ng, false, &keep, sh->fraction, last_rule, off);
+		runs_add(out, gs, ng, off, ++at);
+	}
+	if (at < w->m) {
+		double none = 0;
+		handler_flags(gs, ng, false, &none, sh->fraction, last_rule, off);
+		runs_add(out, gs, ng, off, w->m);
+	}
+}
+
+/* A small cache of (set, modules on) -> the layer's actions, bytes and
+ * (once priced) exposed time, for one recipe's evaluation. */
+#define LAYER_CACHE 64
+typedef struct layer_cache {
+	int32_t n;
+	struct {
+		int32_t set;
+		uint32_t on;
+		kiln_plan_bytes b;
+		double exposed_us; /* NAN until priced */
+		uint8_t act[KILN_PLAN_MAX_UNITS];
+	} e[LAYER_CACHE];
+} layer_cache;
+
+/* Entry for set i's layers with offload modules `on` under sh (NULL when
+ * the cache is full). */
+static int32_t cache_get(const recipes *w, const shape *sh, int32_t i, uint32_t on, layer_cache *lc)
+{
+	for (int32_t k = 0; k < lc->n; k++)
+		if (lc->e[k].set == i && lc->e[k].on == on)
+			return k;
+	if (lc->n == LAYER_CACHE || w->c->sets[i].n_units > KILN_PLAN_MAX_UNITS)
+		return -1;
+	int32_t k = lc->n++;
+	lc->e[k].set = i;
+	lc->e[k].on = on;
+	lc->e[k].exposed_us = NAN;
+	set_actions(w, i, sh->rmods, on, false, lc->e[k].act);
+	beside_bytes(&w->c->sets[i], i, lc->e[k].act, w->n[i], w->beside, &lc->e[k].b);
+	return k;
+}
+
+/* Stage s's fit under its runs (tail outside a block, head inside):
+ * the first window of micro-batches holds the most (the runs keep more
+ * on the device the earlier they are), counted as stage_fits counts a
+ * plan: each micro-batch's resident bytes, plus the largest transient
+ * and reload of a layer. -1 when the cache overflowed. */
+static int runs_fit(const recipes *w, const shape *sh, int32_t s, const stage_runs *rs,
+                    uint8_t *const *head, layer_cache *lc, bool *out_fits)
+{
+	const kiln_compilation *c = w->c;
+	const kiln_stage_budget *bu = &c->budgets[s];
+	double res[MAX_RUNS], tr[MAX_RUNS];
+	for (int32_t r = 0; r < rs->n_runs; r++) {
+		double resident = bu->fixed_bytes, t = 0, pre = 0;
+		for (int32_t j = 0; j < rs->n_layers; j++) {
+			int32_t i = set_of_layer(c, rs->layer[j]);
+			kiln_plan_bytes hb;
+			const kiln_plan_bytes *b = &hb;
+			if (rs->block[j]) {
+				beside_bytes(&c->sets[i], i, head[i], w->n[i], w->beside, &hb);
+			} else {
+				int32_t k = cache_get(w, sh, i, rs->on[r][j], lc);
+				if (k < 0)
+					return -1;
+				b = &lc->e[k].b;
+			}
+			resident += b->resident;
+			t = b->transient > t ? b->transient : t;
+			pre = b->offloaded > pre ? b->offloaded : pre;
+		}
+		res[r] = resident;
+		tr[r] = t + pre;
+	}
+	double win = ceil(bu->inflight - 1e-9);
+	int64_t W = win >= 1 ? (win < (double)w->m ? (int64_t)win : w->m) : 1;
+	double need = 0, worst = 0;
+	int64_t from = 0;
+	for (int32_t r = 0; r < rs->n_runs && from < W; r++) {
+		int64_t to = rs->end[r] < W ? rs->end[r] : W;
+		need += (double)(to - from) * res[r];
+		worst = tr[r] > worst ? tr[r] : worst;
+		from = to;
+	}
+	double reserved = w->beside && w->beside->reserved_bytes ? w->beside->reserved_bytes[s] : 0;
+	*out_fits = need + worst <= bu->capacity_bytes - bu->static_bytes - reserved;
+	return 0;
+}
+
+/* Fit and objective of the actions shape_actions made for sh: per stage,
+ * under Megatron's offload groups when a group there moves bytes
+ * (stage_groups; the objective then the mean over an iteration's
+ * micro-batches), else every layer of a set alike. Returns 0, or -1 when
+ * a schedule failed. */
+static int judge(recipes *w, const shape *sh, uint8_t **tail, uint8_t **head, const int32_t *n_tail,
+                 const int32_t *n_head, bool block, bool *out_fits, double *out_worst,
+                 double *out_sum, bool price)
 {
 	const kiln_compilation *c = w->c;
 	bool fits = true;
-	for (int32_t s = 0; s < c->graph->n_stages && fits; s++)
-		fits = chunk > 1 ? uniform_fits(w, s, tail, chunk)
-		                 : stage_fits(c, s, w->load, tail, block ? head : NULL, n_tail,
-		                              n_head, w->beside);
-	*out_fits = fits;
 	*out_worst = *out_sum = 0;
-	if (!price)
-		return 0;
+	stage_runs rs;
+	layer_cache lc;
 	for (int32_t s = 0; s < c->graph->n_stages; s++) {
+		stage_groups(w, sh, s, tail, &rs);
+		lc.n = 0;
+		bool f = false;
+		if (sh->chunk > 1)
+			f = uniform_fits(w, s, tail, sh->chunk);
+		else if (rs.n_runs == 0 || runs_fit(w, sh, s, &rs, head, &lc, &f) != 0) {
+			rs.n_runs = 0; /* the cache overflowed: whole groups */
+			f = stage_fits(c, s, w->load, tail, block ? head : NULL, n_tail, n_head,
+			               w->beside);
+		}
+		fits = fits && f;
+		if (!price) {
+			if (!fits)
+				break;
+			continue;
+		}
 		double ex = 0;
-		for (int32_t i = 0; i < c->n_sets; i++) {
-			if (c->sets[i].stage != s)
-				continue;
-			double et = n_tail[i] > 0 ? exposed_of(w, i, tail[i]) : 0;
-			double eh = block && n_head[i] > 0 ? exposed_of(w, i, head[i]) : 0;
-			if (et < 0 || eh < 0)
-				return -1;
-			ex += n_tail[i] * et + n_head[i] * eh;
+		if (rs.n_runs > 0) {
+			int64_t from = 0;
+			for (int32_t r = 0; r < rs.n_runs; r++) {
+				double lr = 0;
+				for (int32_t j = 0; j < rs.n_layers; j++) {
+					int32_t i = set_of_layer(c, rs.layer[j]);
+					double e;
+					if (rs.block[j]) {
+						e = exposed_of(w, i, head[i]);
+					} else {
+						int32_t k = cache_get(w, sh, i, rs.on[r][j], &lc);
+						if (k < 0)
+							return -1;
+						if (isnan(lc.e[k].exposed_us))
+							lc.e[k].exposed_us =
+							    exposed_of(w, i, lc.e[k].act);
+						e = lc.e[k].exposed_us;
+					}
+					if (e < 0)
+						return -1;
+					lr += e;
+				}
+				ex += (double)(rs.end[r] - from) * lr;
+				from = rs.end[r];
+			}
+			ex /= (double)w->m;
+		} else {
+			for (int32_t i = 0; i < c->n_sets; i++) {
+				if (c->sets[i].stage != s)
+					continue;
+				double et = n_tail[i] > 0 ? exposed_of(w, i, tail[i]) : 0;
+				double eh = block && n_head[i] > 0 ? exposed_of(w, i, head[i]) : 0;
+				if (et < 0 || eh < 0)
+					return -1;
+				ex += n_tail[i] * et + n_head[i] * eh;
+			}
 		}
 		double t = w->base_us[s] + ex +
 		           (w->beside && w->beside->stage_us ? w->beside->stage_us[s] : 0);
 		*out_worst = t > *out_worst ? t : *out_worst;
 		*out_sum += ex;
+	}
+	*out_fits = fits;
+	return 0;
+}
+
+/* The offload-group runs of the recipe sh made tail and head from, into
+ * out (arena-allocated; out->n_runs[s] 0 where a stage has none). */
+static int runs_export(recipes *w, const shape *sh, uint8_t **tail, kiln_arena *a,
+                       kiln_megatron_actions *out)
+{
+	const kiln_compilation *c = w->c;
+	const kiln_ir_graph *g = c->graph;
+	int32_t np = g->n_stages > 0 ? g->n_stages : 1, nl = g->n_layers > 0 ? g->n_layers : 1;
+	out->n_runs = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)np);
+	out->run_end = kiln_arena_alloc(a, sizeof(int64_t *) * (size_t)np);
+	out->layer_actions = kiln_arena_alloc(a, sizeof(uint8_t **) * (size_t)nl);
+	if (!out->n_runs || !out->run_end || !out->layer_actions)
+		return -1;
+	memset(out->layer_actions, 0, sizeof(uint8_t **) * (size_t)nl);
+	stage_runs rs;
+	for (int32_t s = 0; s < g->n_stages; s++) {
+		out->n_runs[s] = 0;
+		out->run_end[s] = NULL;
+		if (sh->chunk > 1)
+			continue;
+		stage_groups(w, sh, s, tail, &rs);
+		if (rs.n_runs == 0)
+			continue;
+		out->n_runs[s] = rs.n_runs;
+		out->run_end[s] = kiln_arena_alloc(a, sizeof(int64_t) * MAX_RUNS);
+		if (!out->run_end[s])
+			return -1;
+		memcpy(out->run_end[s], rs.end, sizeof(int64_t) * (size_t)rs.n_runs);
+		for (int32_t j = 0; j < rs.n_layers; j++) {
+			if (rs.block[j])
+				continue;
+			int32_t l = rs.layer[j], i = set_of_layer(c, l);
+			const kiln_unit_set *S = &c->sets[i];
+			out->layer_actions[l] = kiln_arena_alloc(a, sizeof(uint8_t *) * MAX_RUNS);
+			if (!out->layer_actions[l])
+				return -1;
+			for (int32_t r = 0; r < rs.n_runs; r++) {
+				uint8_t *act = kiln_arena_alloc(a, (size_t)S->n_units + 1);
+				if (!act)
+					return -1;
+				set_actions(w, i, sh->rmods, rs.on[r][j], false, act);
+				out->layer_actions[l][r] = act;
+			}
+		}
 	}
 	return 0;
 }
@@ -515,8 +864,9 @@ static int eval_with(recipes *w, const kiln_megatron *r, kiln_arena *a, kiln_meg
 	shape_actions(w, &sh, out->tail, out->head, out->n_tail, out->n_head, &block);
 	/* Uniform chunks re-run each layer's forward once, as one layer
 	 * chunks do: the same time, other bytes (uniform_fits). */
-	if (judge(w, out->tail, out->head, out->n_tail, out->n_head, block, sh.chunk, &out->fits,
-	          &out->worst_us, &out->exposed_us, true) != 0)
+	if (judge(w, &sh, out->tail, out->head, out->n_tail, out->n_head, block, &out->fits,
+	          &out->worst_us, &out->exposed_us, true) != 0 ||
+	    runs_export(w, &sh, out->tail, a, out) != 0)
 		return -1;
 	if (!block)
 		for (int32_t i = 0; i < w->c->n_sets; i++)
@@ -530,7 +880,33 @@ int kiln_megatron_recipe_eval(const kiln_compilation *c, const kiln_megatron *r,
 	recipes w;
 	if (recipes_init(&w, c, load, false, a) != 0)
 		return -1;
+	w.min_offload_bytes =
+	    kiln_megatron_min_offloaded(r) * (double)kiln_model_act_bytes(c->model);
 	return eval_with(&w, r, a, out);
+}
+
+const double kiln_megatron_fractions[KILN_MEGATRON_N_FRACTIONS] = {1.0, 0.75, 0.5, 0.25};
+const double kiln_megatron_deltas[KILN_MEGATRON_N_DELTAS] = {0, 0.5, 1};
+
+int kiln_megatron_delta_unit(const kiln_compilation *c, const kiln_megatron *r, double load,
+                             kiln_arena *a, double *out_bytes)
+{
+	recipes w;
+	kiln_megatron_actions m;
+	if (recipes_init(&w, c, load, false, a) != 0 || actions_alloc(c, a, &m) != 0)
+		return -1;
+	w.min_offload_bytes =
+	    kiln_megatron_min_offloaded(r) * (double)kiln_model_act_bytes(c->model);
+	kiln_megatron base = *r;
+	base.offload_fraction_set = false;
+	base.delta_offload_bytes = 0;
+	shape sh = shape_of(&base);
+	bool block;
+	shape_actions(&w, &sh, m.tail, m.head, m.n_tail, m.n_head, &block);
+	stage_runs rs;
+	stage_groups(&w, &sh, 0, m.tail, &rs);
+	*out_bytes = rs.total;
+	return 0;
 }
 
 static int popcount32(uint32_t x)
@@ -546,7 +922,50 @@ static int flag_count(const kiln_megatron *r)
 {
 	return popcount32(r->recompute_modules) + popcount32(r->offload_modules) +
 	       (r->recompute == KILN_RECOMPUTE_FULL ? 2 : 0) +
-	       (r->recompute_method == KILN_RECOMPUTE_BLOCK ? 1 : 0);
+	       (r->recompute_method == KILN_RECOMPUTE_BLOCK ? 1 : 0) + r->offload_fraction_set +
+	       (r->delta_offload_bytes > 0);
+}
+
+/* The search's best so far (found false: none fits yet; best the
+ * fallback). */
+typedef struct search_best {
+	kiln_megatron best;
+	bool found;
+	double worst, sum;
+	int64_t n_cand, n_fit;
+} search_best;
+
+/* Judges recipe r (bytes first: only a recipe that fits is scheduled)
+ * and keeps it in b when it is better: the least objective, then the
+ * least summed exposed time, then fewer flags. Returns 0, or -1 when a
+ * schedule failed. */
+static int consider(recipes *w, const kiln_megatron *r, kiln_megatron_actions *cand, search_best *b)
+{
+	shape sh = shape_of(r);
+	bool block, fits;
+	double worst, sum;
+	b->n_cand++;
+	shape_actions(w, &sh, cand->tail, cand->head, cand->n_tail, cand->n_head, &block);
+	judge(w, &sh, cand->tail, cand->head, cand->n_tail, cand->n_head, block, &fits, &worst,
+	      &sum, false);
+	if (!fits)
+		return 0;
+	b->n_fit++;
+	if (judge(w, &sh, cand->tail, cand->head, cand->n_tail, cand->n_head, block, &fits, &worst,
+	          &sum, true) != 0)
+		return -1;
+	double tol = 1e-9 * (b->worst > 1 ? b->worst : 1);
+	bool better =
+	    !b->found || worst < b->worst - tol ||
+	    (worst <= b->worst + tol &&
+	     (sum < b->sum - tol || (sum <= b->sum + tol && flag_count(r) < flag_count(&b->best))));
+	if (better) {
+		b->found = true;
+		b->best = *r;
+		b->worst = worst;
+		b->sum = sum;
+	}
+	return 0;
 }
 
 int kiln_megatron_search(const kiln_compilation *c, double load, kiln_arena *a,
@@ -617,9 +1036,7 @@ int kiln_megatron_search_beside(const kiln_compilation *c, double load,
 		    (any_r & (KILN_MRC(MOE_ACT) | KILN_MRC(SHARED_EXPERTS))))
 			best.recompute_modules &= ~(KILN_MRC(MOE_ACT) | KILN_MRC(SHARED_EXPERTS));
 	}
-	bool found = false;
-	double best_worst = INFINITY, best_sum = INFINITY;
-	int64_t n_cand = 0, n_fit = 0;
+	search_best sb = {.best = best, .worst = INFINITY, .sum = INFINITY};
 	/* Enumerate: (granularity, method, layers) x recompute subset x
 	 * offload subset. Full recompute takes uniform chunks of 1 .. max
 	 * layers (a longer chunk is the whole model chunk again) and blocks of
@@ -658,36 +1075,37 @@ int kiln_megatron_search_beside(const kiln_compilation *c, double load,
 						                         : KILN_RECOMPUTE_BLOCK;
 						r.recompute_num_layers = layers;
 					}
-					n_cand++;
-					shape sh = shape_of(&r);
-					bool block, fits;
-					double worst, sum;
-					shape_actions(&w, &sh, cand.tail, cand.head, cand.n_tail,
-					              cand.n_head, &block);
-					/* Bytes first: only a recipe that fits is scheduled. */
-					judge(&w, cand.tail, cand.head, cand.n_tail, cand.n_head,
-					      block, sh.chunk, &fits, &worst, &sum, false);
-					if (fits) {
-						n_fit++;
-						if (judge(&w, cand.tail, cand.head, cand.n_tail,
-						          cand.n_head, block, sh.chunk, &fits,
-						          &worst, &sum, true) != 0)
-							return -1;
-						double tol =
-						    1e-9 * (best_worst > 1 ? best_worst : 1);
-						bool better =
-						    !found || worst < best_worst - tol ||
-						    (worst <= best_worst + tol &&
-						     (sum < best_sum - tol ||
-						      (sum <= best_sum + tol &&
-						       flag_count(&r) < flag_count(&best))));
-						if (better) {
-							found = true;
-							best = r;
-							best_worst = worst;
-							best_sum = sum;
-						}
+					if (consider(&w, &r, &cand, &sb) != 0)
+						return -1;
+					/* The offload tuning's grid on a recipe whose
+					 * groups move bytes on stage 0. */
+					double unit = 0;
+					if (O && !(beside && beside->no_offload_tuning)) {
+						shape sh = shape_of(&r);
+						bool block;
+						stage_runs rs;
+						shape_actions(&w, &sh, cand.tail, cand.head,
+						              cand.n_tail, cand.n_head, &block);
+						stage_groups(&w, &sh, 0, cand.tail, &rs);
+						unit = rs.total;
 					}
+					for (int fi = 0; unit > 0 && fi < KILN_MEGATRON_N_FRACTIONS;
+					     fi++)
+						for (int di = 0; di < KILN_MEGATRON_N_DELTAS;
+						     di++) {
+							double f = kiln_megatron_fractions[fi];
+							double d =
+							    floor(unit * kiln_megatron_deltas[di]);
+							if ((f == 1 && d == 0) ||
+							    (d > 0 && c->graph->n_stages < 2))
+								continue;
+							kiln_megatron t = r;
+							t.offload_fraction_set = f < 1;
+							t.offload_fraction = f < 1 ? f : 0;
+							t.delta_offload_bytes = (int64_t)d;
+							if (consider(&w, &t, &cand, &sb) != 0)
+								return -1;
+						}
 				}
 				if (O == oset)
 					break;
@@ -696,13 +1114,18 @@ int kiln_megatron_search_beside(const kiln_compilation *c, double load,
 				break;
 		}
 	}
+	best = sb.best;
+	if (best.offload_modules && c->model->megatron.min_offloaded_set) {
+		best.min_offloaded_set = true;
+		best.min_offloaded_elements = c->model->megatron.min_offloaded_elements;
+	}
 	*out_recipe = best;
 	if (eval_with(&w, &best, a, out_actions) != 0)
 		return -1;
 	if (stats)
 		*stats =
-		    (kiln_megatron_search_stats){.candidates = n_cand,
-		                                 .fitting = n_fit,
+		    (kiln_megatron_search_stats){.candidates = sb.n_cand,
+		                                 .fitting = sb.n_fit,
 		                                 .scheduled = w.scheduled,
 		                                 .cpu_s = (double)(clock() - t0) / CLOCKS_PER_SEC};
 	return 0;
@@ -836,6 +1259,26 @@ int kiln_pass_baselines(kiln_compilation *c)
 		if (block &&
 		    (mg->head_plan[i] = kiln_plan_pool_add(c->pool, a, set, ma.head[i])) < 0)
 			return -1;
+	}
+	/* Megatron's offload groups: each layer's plan per run. */
+	const kiln_ir_graph *g = c->graph;
+	mg->n_runs = ma.n_runs;
+	mg->run_end = ma.run_end;
+	mg->layer_plan = kiln_arena_alloc(a, sizeof(int32_t *) * (size_t)(g->n_layers + 1));
+	if (!mg->layer_plan)
+		return -1;
+	for (int32_t l = 0; l < g->n_layers; l++) {
+		mg->layer_plan[l] = NULL;
+		int32_t i = set_of_layer(c, l), s = g->layers[l].stage;
+		if (!ma.layer_actions[l] || i < 0)
+			continue;
+		mg->layer_plan[l] = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)ma.n_runs[s]);
+		if (!mg->layer_plan[l])
+			return -1;
+		for (int32_t r = 0; r < ma.n_runs[s]; r++)
+			if ((mg->layer_plan[l][r] = kiln_plan_pool_add(c->pool, a, &c->sets[i],
+			                                               ma.layer_actions[l][r])) < 0)
+				return -1;
 	}
 
 	kiln_option_flags static_flags = {.offload = false, .collective_recompute = true};

@@ -319,6 +319,11 @@ struct kiln_baseline {
 	    *head_plan; /* per unit set: pool index for the block's layers; NULL without a block */
 	int32_t block_layers; /* layers per chunk under head_plan (0: none) */
 	kiln_megatron recipe; /* megatron: the flags chosen (or the description's) */
+	/* megatron: its offload groups' runs (kiln_megatron_actions), per
+	 * graph layer per run a pool index in layer_plan (NULL rows: none) */
+	int32_t *n_runs;
+	int64_t **run_end;
+	int32_t **layer_plan;
 	int64_t searched;     /* megatron: recipes the search enumerated (0: the description's) */
 	double search_cpu_s;  /* and its CPU time */
 	double design_load; /* load factor it was tuned for */
@@ -342,7 +347,31 @@ typedef struct kiln_megatron_actions {
 	double worst_us;   /* the objective: the slowest stage's compute plus exposed time
 	                      per micro-batch at the load */
 	double exposed_us; /* tie-break: exposed time summed over the stages */
+	/* Megatron's offload groups (passes/baselines.c, stage_groups): per
+	 * stage the micro-batches of an iteration in n_runs[s] runs of equal
+	 * plans, run r ending before micro-batch run_end[s][r] (0 runs: every
+	 * layer of a set takes tail/head); per graph layer of such a stage,
+	 * outside a block, layer_actions[l][r] its actions in run r (NULL
+	 * rows: tail/head). */
+	int32_t *n_runs;
+	int64_t **run_end;
+	uint8_t ***layer_actions;
 } kiln_megatron_actions;
+
+/* The offload tuning the search tries on a recipe whose groups move
+ * bytes (docs/cost-model.md, "Offload groups"): every fraction below with
+ * every delta, delta = floor(unit * kiln_megatron_deltas[k]) bytes, unit
+ * being what one micro-batch's groups on stage 0 move at fraction 1
+ * (kiln_megatron_delta_unit); deltas only with pp >= 2. */
+#define KILN_MEGATRON_N_FRACTIONS 4
+#define KILN_MEGATRON_N_DELTAS 3
+extern const double kiln_megatron_fractions[KILN_MEGATRON_N_FRACTIONS];
+extern const double kiln_megatron_deltas[KILN_MEGATRON_N_DELTAS];
+/* That unit for recipe r (its fraction and delta ignored) at load, into
+ * *out_bytes (0: no group moves bytes on stage 0). c must have run the
+ * budget pass. Returns 0, or -1 on exhaustion. */
+int kiln_megatron_delta_unit(const struct kiln_compilation *c, const kiln_megatron *r, double load,
+                             kiln_arena *a, double *out_bytes);
 
 /* Graph layer l's position among the transformer layers of its model
  * chunk on its stage (0 for the first), or -1 for a layer that is not a
@@ -395,6 +424,7 @@ typedef struct kiln_megatron_beside {
 	uint32_t no_recompute; /* KILN_MRC bits not searched */
 	uint32_t no_offload;   /* KILN_MOF bits not searched */
 	bool no_full;          /* full recompute not searched (nor its fallback) */
+	bool no_offload_tuning; /* the offload fraction and delta grid not searched */
 	/* per unit set (NULL entries: none), per unit: 1 for a unit held
 	 * outside the recipe: always kept, its per-row bytes not resident */
 	const uint8_t *const *outside;

@@ -109,6 +109,15 @@ typedef struct cost {
 	double exposed_us, serial_us, recompute_us;
 } cost;
 
+/* One layer plan of Megatron's offload groups (struct kiln_sim_policy,
+ * grp_var): a set's actions, their form and per bucket their cost. */
+typedef struct variant {
+	int32_t set;
+	const uint8_t *actions;
+	plan_form form;
+	cost *costs; /* per bucket, NAN until scheduled */
+} variant;
+
 struct kiln_sim_policy {
 	kiln_sim_policy_kind kind;
 	const kiln_compilation *c;
@@ -172,6 +181,17 @@ struct kiln_sim_policy {
 	const char *recipe; /* its flags, the stash's and the recipe's beside it */
 	int recipe_fits;    /* whether they fit at the design load */
 	kiln_sim_oracle *oracle; /* oracle: its planner (sim/oracle.c) */
+	/* megatron, megatron-capacity, megatron-paged-stash: Megatron's
+	 * offload groups (passes/baselines.c, stage_groups): per model layer
+	 * the runs of micro-batches of its stage (grp_n 0: the layer takes
+	 * its set's plan), run r ending before micro-batch grp_end[l][r], its
+	 * plan vars[grp_var[l][r]]. */
+	int32_t n_grp_layers;
+	int32_t *grp_n;
+	const int64_t **grp_end;
+	int32_t **grp_var;
+	variant *vars;
+	int32_t n_vars;
 };
 
 /* The form of actions for set in f; returns f (NULL when f is). */
@@ -356,6 +376,94 @@ static int full_prepare(kiln_sim_policy *p, const uint8_t *const *actions, kiln_
 	return 0;
 }
 
+/* Megatron's offload groups into p (struct kiln_sim_policy, grp_n):
+ * n_runs and run_end per stage, layer_actions per graph layer per run
+ * (NULL rows: none), as kiln_megatron_actions holds them; borrowed, they
+ * outlive p. Returns 0, or -1 on exhaustion. */
+static int groups_prepare(kiln_sim_policy *p, const int32_t *n_runs, int64_t *const *run_end,
+                          const uint8_t *const *const *layer_actions, kiln_arena *a)
+{
+	const kiln_compilation *c = p->c;
+	const kiln_ir_graph *g = c->graph;
+	int32_t nb = c->n_buckets, nl = 0, nv = 0;
+	if (!n_runs || !layer_actions)
+		return 0;
+	for (int32_t l = 0; l < g->n_layers; l++) {
+		nl = g->layers[l].index + 1 > nl ? g->layers[l].index + 1 : nl;
+		if (layer_actions[l])
+			nv += n_runs[g->layers[l].stage];
+	}
+	if (nv == 0)
+		return 0;
+	p->n_grp_layers = nl;
+	p->grp_n = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)(nl + 1));
+	p->grp_end = kiln_arena_alloc(a, sizeof(int64_t *) * (size_t)(nl + 1));
+	p->grp_var = kiln_arena_alloc(a, sizeof(int32_t *) * (size_t)(nl + 1));
+	p->vars = kiln_arena_alloc(a, sizeof(variant) * (size_t)nv);
+	if (!p->grp_n || !p->grp_end || !p->grp_var || !p->vars)
+		return -1;
+	memset(p->grp_n, 0, sizeof(int32_t) * (size_t)(nl + 1));
+	p->n_vars = 0;
+	for (int32_t l = 0; l < g->n_layers; l++) {
+		const kiln_ir_layer *ly = &g->layers[l];
+		if (!layer_actions[l] || ly->index < 0)
+			continue;
+		int32_t set = -1;
+		for (int32_t i = 0; i < c->n_sets; i++)
+			if (c->sets[i].stage == ly->stage && c->sets[i].kind == ly->kind)
+				set = i;
+		int32_t nr = n_runs[ly->stage];
+		if (set < 0 || nr <= 0)
+			continue;
+		int32_t *vi = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)nr);
+		if (!vi)
+			return -1;
+		size_t nu = (size_t)c->sets[set].n_units;
+		for (int32_t r = 0; r < nr; r++) {
+			const uint8_t *act = layer_actions[l][r];
+			int32_t k = 0;
+			while (k < p->n_vars &&
+			       !(p->vars[k].set == set && memcmp(p->vars[k].actions, act, nu) == 0))
+				k++;
+			if (k == p->n_vars) {
+				variant *v = &p->vars[p->n_vars++];
+				v->set = set;
+				v->actions = act;
+				form_build(p, set, act, &v->form);
+				v->costs = kiln_arena_alloc(a, sizeof(cost) * (size_t)(nb + 1));
+				if (!v->costs)
+					return -1;
+				for (int32_t b = 0; b < nb; b++)
+					v->costs[b] = (cost){NAN, NAN, NAN};
+			}
+			vi[r] = k;
+		}
+		p->grp_n[ly->index] = nr;
+		p->grp_end[ly->index] = run_end[ly->stage];
+		p->grp_var[ly->index] = vi;
+	}
+	return 0;
+}
+
+/* The variant model layer `layer` takes in micro-batch mb, or NULL. */
+static const variant *group_variant(const kiln_sim_policy *p, int32_t layer, uint32_t mb)
+{
+	if (!p->grp_n || layer < 0 || layer >= p->n_grp_layers || p->grp_n[layer] == 0)
+		return NULL;
+	int32_t r = 0, nr = p->grp_n[layer];
+	while (r < nr - 1 && (int64_t)mb >= p->grp_end[layer][r])
+		r++;
+	return &p->vars[p->grp_var[layer][r]];
+}
+
+static const cost *variant_cost(const kiln_sim_policy *p, const variant *v, int32_t b)
+{
+	cost *co = &v->costs[b];
+	if (isnan(co->exposed_us) && cost_of(p->c, v->set, b, v->actions, co) != 0)
+		*co = (cost){0, 0, 0};
+	return co;
+}
+
 /* megatron's block layers, and megatron-capacity's plan: the
  * description's recipe, else the search's at the capacity factor (the
  * load every rank then carries). */
@@ -382,11 +490,35 @@ static int prepare_megatron(kiln_sim_policy *p, kiln_arena *a)
 		r.pad_to_capacity = c->model->moe;
 		for (int32_t k = 0; k < ns; k++)
 			p->actions[k] = ma.tail[k];
+		if (groups_prepare(p, ma.n_runs, ma.run_end,
+		                   (const uint8_t *const *const *)ma.layer_actions, a) != 0)
+			return -1;
 		if (ns > 0 && ma.head[0]) {
 			head = (const uint8_t *const *)ma.head;
 			block = (int32_t)r.recompute_num_layers;
 		}
-	} else if (bl->head_plan) {
+	} else if (bl->layer_plan) {
+		const kiln_ir_graph *g = c->graph;
+		const uint8_t ***la =
+		    kiln_arena_alloc(a, sizeof(uint8_t **) * (size_t)(g->n_layers + 1));
+		if (!la)
+			return -1;
+		for (int32_t l = 0; l < g->n_layers; l++) {
+			la[l] = NULL;
+			if (!bl->layer_plan[l])
+				continue;
+			int32_t nr = bl->n_runs[g->layers[l].stage];
+			la[l] = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(nr + 1));
+			if (!la[l])
+				return -1;
+			for (int32_t q = 0; q < nr; q++)
+				la[l][q] = c->pool->actions[bl->layer_plan[l][q]];
+		}
+		if (groups_prepare(p, bl->n_runs, bl->run_end, (const uint8_t *const *const *)la,
+		                   a) != 0)
+			return -1;
+	}
+	if (p->kind != KILN_SIM_MEGATRON_CAPACITY && bl->head_plan) {
 		const uint8_t **h = kiln_arena_alloc(a, sizeof(uint8_t *) * (size_t)(ns + 1));
 		if (!h)
 			return -1;
@@ -776,10 +908,31 @@ int64_t kiln_sim_stash_pages(const kiln_sim_stash *st, double padded_rows)
 	return pg < 9e18 ? (int64_t)pg : INT64_MAX;
 }
 
+/* The exposed time of one tensor's stash and reload (docs/simulator.md,
+ * "The paged stash", "Time"). Both are Triton kernels that Megatron
+ * launches with min(max_num_tokens, 2048) programs (paged_stash.py:
+ * 222-227, 275-282), each looping over the tensor's rows strided by the
+ * grid until every row is copied (moe/ops/paged_stash.py:113-137,
+ * 224-249): the kernel holds its programs' SM slots for the whole copy,
+ * so the copy runs as a kernel of its own, never hidden under compute.
+ * Into device pages, the stash reads the rows and writes them (2 * bytes
+ * through HBM) and the reload does the same. Into host pages the SMs store
+ * the rows over the link: the stash reads HBM once and its stores drain at
+ * d2h_gbps, the reload loads at h2d_gbps and writes HBM once, each kernel
+ * as long as the slower of the two. */
+static double stash_copy_us(const kiln_hardware *hw, double bytes, int host)
+{
+	if (!host)
+		return 2 * kiln_cost_hbm_us(hw, 2 * bytes);
+	double hbm = kiln_cost_hbm_us(hw, bytes);
+	double d2h = hw->d2h_gbps > 0 ? bytes / (hw->d2h_gbps * 1e3) : 0;
+	double h2d = hw->h2d_gbps > 0 ? bytes / (hw->h2d_gbps * 1e3) : 0;
+	return (d2h > hbm ? d2h : hbm) + (h2d > hbm ? h2d : hbm);
+}
+
 double kiln_sim_stash_place(const kiln_sim_stash *st, const kiln_hardware *hw, double n,
-                            const double *shares, double f_us, double b_us, int64_t *cuda,
-                            int64_t *host, int64_t used_c, int64_t used_h, int *overflowed,
-                            double *spilled, int *dropped)
+                            const double *shares, int64_t *cuda, int64_t *host, int64_t used_c,
+                            int64_t used_h, int *overflowed, double *spilled, int *dropped)
 {
 	double rows = kiln_sim_stash_padded_rows_of(st, n, shares);
 	if (rows > st->budget_rows) {
@@ -790,17 +943,14 @@ double kiln_sim_stash_place(const kiln_sim_stash *st, const kiln_hardware *hw, d
 	if (*overflowed || pg == 0)
 		return 0;
 	double bytes = rows * st->row_bytes; /* the kernel copies the padded rows */
-	double hbm = hw->hbm_gbps > 0 ? 2 * bytes / (hw->hbm_gbps * 1e3) : 0;
 	if (st->cuda_pages - used_c - *cuda >= pg) {
 		*cuda += pg;
-		return 2 * hbm;
+		return stash_copy_us(hw, bytes, 0);
 	}
 	if (st->host_pages - used_h - *host >= pg) {
 		*host += pg;
 		*spilled += bytes;
-		double d2h = hw->d2h_gbps > 0 ? bytes / (hw->d2h_gbps * 1e3) : 0;
-		double h2d = hw->h2d_gbps > 0 ? bytes / (hw->h2d_gbps * 1e3) : 0;
-		return hbm + (d2h > f_us ? d2h - f_us : 0) + (h2d > b_us ? h2d - b_us : 0);
+		return stash_copy_us(hw, bytes, 1);
 	}
 	*overflowed = 1;
 	return 0;
@@ -855,20 +1005,6 @@ static const double STASH_CF_DOWN[] = {1.4, 1.3, 1.2};
 #define STASH_CUDA_STEPS 21     /* 0, 0.1, ..., 2.0 */
 #define STASH_CPU_MAX_STEPS 200 /* the CPU factor in steps of 0.1, at most 20 */
 
-/* The forward and backward time of graph layer l at n expert rows, as the
- * simulator times it (sim.c, the world's layer times). */
-static void layer_times(const kiln_ir_graph *g, int32_t l, double n, double *f, double *b)
-{
-	*f = *b = 0;
-	for (int32_t o = g->layers[l].op_begin; o < g->layers[l].op_end; o++) {
-		double us = kiln_cost_op_time_us(g, &g->ops[o], n);
-		if (g->ops[o].backward)
-			*b += us;
-		else
-			*f += us;
-	}
-}
-
 /* One stage's stash at the design load: whether its budget holds the
  * design load's padded rows (no tokens dropped), whether its pages hold
  * the window's tensors there (no overflow) and its host pages fit the
@@ -898,13 +1034,9 @@ static stash_at_design stash_design(const kiln_compilation *c, const kiln_unit_s
 	d.holds = on_dev + on_host >= tensors;
 	double per_dev = hw->devices_per_node > 0 ? (double)hw->devices_per_node : 1;
 	d.host_ok = st->host_bytes <= hw->host_memory_gib * 1073741824.0 / per_dev;
-	double f, b, bytes = rows * st->row_bytes;
-	layer_times(c->graph, set->layer, KILN_BASELINE_DESIGN_LOAD * bal, &f, &b);
-	double hbm = hw->hbm_gbps > 0 ? 2 * bytes / (hw->hbm_gbps * 1e3) : 0;
-	double d2h = hw->d2h_gbps > 0 ? bytes / (hw->d2h_gbps * 1e3) : 0;
-	double h2d = hw->h2d_gbps > 0 ? bytes / (hw->h2d_gbps * 1e3) : 0;
-	double spill = hbm + (d2h > f ? d2h - f : 0) + (h2d > b ? h2d - b : 0);
-	d.us = (on_dev * 2 * hbm + on_host * spill) / (window > 0 ? window : 1);
+	double bytes = rows * st->row_bytes;
+	d.us = (on_dev * stash_copy_us(hw, bytes, 0) + on_host * stash_copy_us(hw, bytes, 1)) /
+	       (window > 0 ? window : 1);
 	return d;
 }
 
@@ -1087,9 +1219,13 @@ static int stash_prepare(kiln_sim_policy *p, const kiln_sim_stash_flags *flags, 
 		for (int32_t u = 0; u < set->n_units; u++)
 			outside[k][u] = (uint8_t)stash_paged_unit(c, &set->units[u]);
 	}
+	/* The factors are chosen with the recipe's offload tuning left out
+	 * (each try searches the recipe again); the recipe beside the chosen
+	 * factors is then searched with it. */
 	kiln_megatron_beside bs = {.no_recompute = STASH_NO_RECOMPUTE,
 	                           .no_offload = STASH_NO_OFFLOAD,
 	                           .no_full = true,
+	                           .no_offload_tuning = true,
 	                           .outside = (const uint8_t *const *)outside,
 	                           .reserved_bytes = reserved,
 	                           .transient_bytes = tr,
@@ -1147,9 +1283,17 @@ static int stash_prepare(kiln_sim_policy *p, const kiln_sim_stash_flags *flags, 
 			}
 		}
 	}
+	bs.no_offload_tuning = false;
+	if (stash_try_flags(p, &best.fl, &bs, reserved, us, tr, a, &cur) != 0)
+		return -1;
+	if (cur.fit >= best.fit)
+		best = cur;
 	stash_size_all(p, &best.fl, reserved, us, tr);
 	for (int32_t k = 0; k < ns; k++)
 		p->actions[k] = best.ma.tail[k];
+	if (groups_prepare(p, best.ma.n_runs, best.ma.run_end,
+	                   (const uint8_t *const *const *)best.ma.layer_actions, a) != 0)
+		return -1;
 	p->recipe_fits = best.fit == 2;
 	char rec[512], buf[1024];
 	int rl = kiln_megatron_flags_format(&best.recipe, rec, sizeof rec);
@@ -1194,6 +1338,13 @@ static int stash_forms(kiln_sim_policy *p, kiln_arena *a)
 	if (!r->forms)
 		return -1;
 	r->hot_forms = r->forms;
+	if (p->n_vars > 0) {
+		/* The same costs, their own forms. */
+		r->vars = kiln_arena_alloc(a, sizeof(variant) * (size_t)p->n_vars);
+		if (!r->vars)
+			return -1;
+		memcpy(r->vars, p->vars, sizeof(variant) * (size_t)p->n_vars);
+	}
 	for (int32_t k = 0; k < c->n_sets; k++) {
 		const kiln_unit_set *set = &c->sets[k];
 		r->forms[k] = kiln_arena_alloc(a, sizeof(plan_form));
@@ -1209,6 +1360,13 @@ static int stash_forms(kiln_sim_policy *p, kiln_arena *a)
 				paged += set->units[u].bytes.per_n;
 		p->forms[k]->res_per_n -= (double)paged;
 		p->forms[k]->tr_base += st->row_bytes * st->budget_rows;
+		/* The offload groups' plans of the set, alike (the rerun keeps
+		 * its own copies, unchanged). */
+		for (int32_t v = 0; v < p->n_vars; v++)
+			if (p->vars[v].set == k) {
+				p->vars[v].form.res_per_n -= (double)paged;
+				p->vars[v].form.tr_base += st->row_bytes * st->budget_rows;
+			}
 	}
 	p->rerun = r;
 	return 0;
@@ -1353,6 +1511,16 @@ void kiln_sim_policy_decide_group(const kiln_sim_policy *p, int32_t set, int32_t
 		*out = (kiln_sim_choice){.over_budget = 1};
 		return;
 	}
+	const variant *v = p->rt ? NULL : group_variant(p, layer, microbatch);
+	if (v && v->set == set) {
+		/* Megatron's offload groups: this micro-batch's plan of the
+		 * layer (passes/baselines.c, stage_groups). */
+		double r;
+		n = kiln_sim_policy_rows(p, set, n);
+		fill(p, &v->form, n, variant_cost(p, v, kiln_sim_policy_bucket(c, set, n, &r)),
+		     out);
+		return;
+	}
 	if (!p->rt) {
 		/* A static policy, its full-recompute layers included;
 		 * mindspeed without its trigger state: the untriggered plan. */
@@ -1489,6 +1657,13 @@ int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const u
 			ex = p->serial ? co->serial_us : co->exposed_us;
 			most = ex > most ? ex : most;
 		}
+		for (int32_t v = 0; v < p->n_vars; v++) {
+			if (p->vars[v].set != set)
+				continue;
+			co = variant_cost(p, &p->vars[v], k);
+			ex = p->serial ? co->serial_us : co->exposed_us;
+			most = ex > most ? ex : most;
+		}
 	}
 	*out = most;
 	return 0;
@@ -1509,8 +1684,10 @@ int kiln_sim_policy_bytes_bound(const kiln_sim_policy *p, int32_t set, double *r
 	double pad = p->kind == KILN_SIM_MEGATRON_CAPACITY && S->kind == KILN_LAYER_MOE
 	                 ? p->cf * p->c->graph->layers[S->layer].n_balanced
 	                 : -1;
-	for (int j = 0; j < 4; j++) {
-		const plan_form *f = fs[j];
+	for (int32_t j = 0; j < 4 + p->n_vars; j++) {
+		if (j >= 4 && p->vars[j - 4].set != set)
+			continue;
+		const plan_form *f = j < 4 ? fs[j] : &p->vars[j - 4].form;
 		double rb = f->res_base, rn = f->res_per_n, tb = f->tr_base, tn = f->tr_per_n;
 		if (pad >= 0) {
 			/* Rounded up as fill() rounds a decision. */

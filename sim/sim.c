@@ -546,7 +546,7 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 						                       (size_t)env->e]
 						        : NULL;
 						double extra = kiln_sim_stash_place(
-						    &st, hw, n, sh, f, b, &sc->st_cuda[i],
+						    &st, hw, n, sh, &sc->st_cuda[i],
 						    &sc->st_host[i], used_c, used_h, &overflowed,
 						    &spilled, &sc->stash_over_budget);
 						ch.exposed_us += extra;

@@ -481,20 +481,16 @@ const char *kiln_sim_policy_recipe(const kiln_sim_policy *p, int *fits);
  * 13-144: a whole tensor on one side, pages from a free list). Rows the
  * budget cannot take are dropped (a rerun). *cuda and *host are the
  * micro-batch's pages, used_c and used_h the window's before it. Returns
- * the exposed time: the copies' HBM share (2 bytes touched per byte per
- * copy, as an offload's, docs/simulator.md "What a static plan costs":
- * stash and reload into device pages both read and write HBM; a host
- * spill reads it on the way out and writes it on the way back), and the
- * part of a spill's device-to-host copy beyond the layer's forward and of
- * its host-to-device reload beyond the layer's backward (the stash runs
- * on its own stream from the end of the layer's experts to the start of
- * the next layer's, paged_stash.py:301-381). Sets *overflowed (after
+ * the exposed time of its copy kernels (sim/policy.c, stash_copy_us):
+ * each holds its SMs for the whole copy, so none hides under compute;
+ * into device pages the stash and the reload each read and write the
+ * bytes in HBM, into host pages each takes the slower of one HBM pass and
+ * the link (d2h out, h2d back). Sets *overflowed (after
  * which the device stashes nothing more this step) and *dropped, adds
  * spilled bytes to *spilled. Never allocates. */
 double kiln_sim_stash_place(const kiln_sim_stash *st, const kiln_hardware *hw, double n,
-                            const double *shares, double f_us, double b_us, int64_t *cuda,
-                            int64_t *host, int64_t used_c, int64_t used_h, int *overflowed,
-                            double *spilled, int *dropped);
+                            const double *shares, int64_t *cuda, int64_t *host, int64_t used_c,
+                            int64_t used_h, int *overflowed, double *spilled, int *dropped);
 
 /* megatron-paged-stash's rerun: the same recipe with the stash off and no
  * capacity (dropless), every unit at its actual rows; NULL for every other

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "costmodel/costmodel.h"
+#include "frontend/frontend.h"
 #include "kiln_test.h"
 #include "passes/passes.h"
 #include "sim/sim.h"
@@ -585,4 +586,289 @@ Test(baselines, uniform_chunks_fit_by_their_bytes)
 		}
 		kiln_arena_free(a);
 	}
+}
+
+/* tiny.yaml with extra (a top-level YAML section) appended, compiled; its
+ * arena in *out_a (the caller frees it). */
+static kiln_compilation tiny_with(const char *extra, kiln_arena **out_a)
+{
+	FILE *f = fopen(kt_src("examples/models/tiny.yaml"), "rb");
+	cr_assert_not_null(f);
+	static char text[1 << 16];
+	size_t len = fread(text, 1, sizeof text - 1, f);
+	fclose(f);
+	cr_assert_lt(len + strlen(extra), sizeof text);
+	memcpy(text + len, extra, strlen(extra) + 1);
+	len += strlen(extra);
+	kiln_arena *a = kiln_arena_new();
+	cr_assert_not_null(a);
+	kiln_model *m = NULL;
+	cr_assert_eq(kiln_frontend_load_buffer("tiny-with.yaml", text, len, a, stderr, &m), 0);
+	kiln_compilation c = {.model = m, .arena = a, .solver = KILN_SOLVER_DP};
+	cr_assert_eq(kiln_pipeline_compile(&c, NULL, NULL, NULL, stderr), 0);
+	*out_a = a;
+	return c;
+}
+
+/* The graph layer of model layer `index`. */
+static int32_t graph_layer(const kiln_compilation *c, int32_t index)
+{
+	for (int32_t l = 0; l < c->graph->n_layers; l++)
+		if (c->graph->layers[l].index == index)
+			return l;
+	cr_assert_fail("no model layer %d", index);
+	return -1;
+}
+
+/* What Megatron's offload groups move, by hand (fine_grained_activation_
+ * offload.py:609-668 and should_bulk_offload, :1206-1227, at d98e8a64),
+ * on tiny with expert_fc1 offloaded (fc1's input: 2 * h * n = 2 * 64 *
+ * 512 = 65,536 bytes per MoE layer at load 1, every tensor offloaded with
+ * min_offloaded_tensor_size 0), activation_offload_fraction 0.5 and
+ * delta_offload_bytes_across_pp_ranks 65,537. tiny has 4 micro-batches
+ * (one handler each), stage 0 model layers 0 (dense: no expert_fc1
+ * group) to 3, stage 1 layers 4 to 7; stage 0 holds 2 micro-batches in
+ * flight, stage 1 one (its handler's backward runs next: the run-time
+ * rule keeps the last group).
+ * - Stage 0 (rank 0 keeps 0 * delta), micro-batch 0: the margin keeps its
+ *   last group (layer 3); of the 2 left int(2 * 0.5) = 1 later one is
+ *   kept (layer 2): layer 1 offloads. Micro-batches 1-3: int(3 * 0.5) = 1
+ *   (layer 3) kept: layers 1 and 2 offload.
+ * - Stage 1 (rank 1 keeps 65,537 bytes), micro-batch 0: the margin keeps
+ *   layer 7; the delta turns off layer 4 (65,537 - 65,536 = 1 byte still
+ *   to keep) and layer 5; of layer 6 alone int(0.5) = 0 more: layer 6
+ *   offloads. Micro-batches 1-3: int(4 * 0.5) = 2 (layers 6, 7) kept:
+ *   layers 4 and 5 offload. */
+Test(baselines, offload_groups_move_what_megatron_moves)
+{
+	kiln_arena *a;
+	kiln_compilation c = tiny_with("megatron:\n"
+	                               "  offload_modules: [expert_fc1]\n"
+	                               "  min_offloaded_tensor_size: 0\n"
+	                               "  activation_offload_fraction: 0.5\n"
+	                               "  delta_offload_bytes_across_pp_ranks: 65537\n",
+	                               &a);
+	const kiln_model *m = c.model;
+	cr_assert_eq(m->micro_batches, 4);
+	cr_assert_eq(c.graph->n_stages, 2);
+	double n = c.graph->layers[c.sets[moe_set(&c)].layer].n_balanced;
+	double fc1 = 2.0 * (double)m->hidden * n;
+	cr_assert_float_eq(fc1, 65536, 0);
+	const kiln_baseline *bl = &c.baselines[KILN_BASELINE_MEGATRON];
+	cr_expect_str_eq(bl->models,
+	                 "Megatron-Core --fine-grained-activation-offloading --offload-modules "
+	                 "expert_fc1 --min-offloaded-tensor-size 0 --activation-offload-fraction "
+	                 "0.5 --delta-offload-bytes-across-pp-ranks 65537");
+	kiln_megatron_actions ma;
+	cr_assert_eq(kiln_megatron_recipe_eval(&c, &m->megatron, 1.0, a, &ma), 0);
+	/* [stage][run][layer within the stage]: fc1 inputs offloaded */
+	static const int want[2][2][4] = {{{0, 1, 0, 0}, {0, 1, 1, 0}},
+	                                  {{0, 0, 1, 0}, {1, 1, 0, 0}}};
+	for (int s = 0; s < 2; s++) {
+		cr_assert_eq(ma.n_runs[s], 2, "stage %d", s);
+		cr_expect_eq(ma.run_end[s][0], 1);
+		cr_expect_eq(ma.run_end[s][1], 4);
+		for (int r = 0; r < 2; r++)
+			for (int j = 0; j < 4; j++) {
+				int32_t l = graph_layer(&c, 4 * s + j);
+				if (c.graph->layers[l].kind != KILN_LAYER_MOE) {
+					cr_expect_eq(want[s][r][j], 0);
+					continue;
+				}
+				cr_assert_not_null(ma.layer_actions[l]);
+				int32_t i = -1;
+				for (int32_t k = 0; k < c.n_sets; k++)
+					if (c.sets[k].stage == s &&
+					    c.sets[k].kind == KILN_LAYER_MOE)
+						i = k;
+				kiln_plan_bytes b;
+				kiln_plan_bytes_at(&c.sets[i], ma.layer_actions[l][r], n, &b);
+				cr_expect_float_eq(b.offloaded, want[s][r][j] * fc1, 0.5,
+				                   "stage %d run %d layer %d: %.0f", s, r,
+				                   4 * s + j, b.offloaded);
+			}
+	}
+	/* The simulator gives each micro-batch its plan, the baseline's,
+	 * chosen at the design load 1.2 (groups of 1.2 * 65,536 = 78,643
+	 * bytes): layer 2 keeps fc1's input in micro-batch 0 only (as at load
+	 * 1), and so does layer 4 (the delta, 65,537 bytes, is spent on it). */
+	kiln_sim_policy *p;
+	cr_assert_eq(kiln_sim_policy_new(KILN_SIM_MEGATRON, &c, NULL, 0, a, stderr, &p), 0);
+	const int32_t layers[2] = {2, 4};
+	for (int k = 0; k < 2; k++) {
+		int32_t set = -1;
+		for (int32_t i = 0; i < c.n_sets; i++)
+			if (c.sets[i].stage == k && c.sets[i].kind == KILN_LAYER_MOE)
+				set = i;
+		kiln_sim_choice first, later;
+		kiln_sim_policy_decide(p, set, layers[k], n, 1e12, 0, 0, 0, &first);
+		kiln_sim_policy_decide(p, set, layers[k], n, 1e12, 0, 2, 0, &later);
+		cr_expect_eq(first.resident_bytes - later.resident_bytes, fc1, "layer %d",
+		             layers[k]);
+		cr_expect_gt(later.copy_us, first.copy_us, "layer %d", layers[k]);
+	}
+	kiln_sim_policy_free(p);
+	kiln_arena_free(a);
+}
+
+/* The search with Megatron's offload tuning against every recipe of its
+ * space on tiny with every tensor offloadable (min_offloaded_tensor_size
+ * 0), the modules restricted beside it to layernorm and moe_act
+ * recompute and attn_norm, mlp_norm, expert_fc1 and moe_act offload
+ * (and no full recompute) to keep the enumeration small: every subset of
+ * each, and for each offloading one every fraction with every delta of
+ * the grid (passes.h, KILN_MEGATRON_FRACTIONS; the delta's unit from
+ * kiln_megatron_delta_unit). Evaluated one by one without the search's
+ * pruning or memo; the least objective, then the least summed exposed
+ * time, must be the search's. On tiny's own memory the brute-force best
+ * is a tuned recipe (a delta across pp ranks) at some load: the tuning is
+ * what is tested. */
+Test(baselines, search_with_offload_tuning_finds_the_brute_force_best, .timeout = 600)
+{
+	kiln_arena *ca;
+	kiln_compilation c = tiny_with("megatron:\n  min_offloaded_tensor_size: 0\n", &ca);
+	const uint32_t rs = KILN_MRC(LAYERNORM) | KILN_MRC(MOE_ACT);
+	const uint32_t os =
+	    KILN_MOF(ATTN_NORM) | KILN_MOF(MLP_NORM) | KILN_MOF(EXPERT_FC1) | KILN_MOF(MOE_ACT);
+	kiln_megatron_beside bs = {.no_recompute = ((1u << KILN_MRC_COUNT) - 1) & ~rs,
+	                           .no_offload = ((1u << KILN_MOF_COUNT) - 1) & ~os,
+	                           .no_full = true};
+	const double loads[] = {1.2, 2.5};
+	int tuned = 0;
+	for (size_t j = 0; j < 2; j++) {
+		kiln_arena *a = kiln_arena_new();
+		cr_assert_not_null(a);
+		bool found = false, best_tuned = false;
+		double bw = INFINITY, bsum = INFINITY;
+		for (uint32_t R = 0; R < 1u << KILN_MRC_COUNT; R++) {
+			if (R & ~rs)
+				continue;
+			for (uint32_t O = 0; O < 1u << KILN_MOF_COUNT; O++) {
+				if (O & ~os)
+					continue;
+				kiln_megatron base = {.recompute = R ? KILN_RECOMPUTE_SELECTIVE
+				                                     : KILN_RECOMPUTE_NONE,
+				                      .recompute_modules = R,
+				                      .offload_modules = O,
+				                      .min_offloaded_set = true};
+				double unit = 0;
+				if (O)
+					cr_assert_eq(
+					    kiln_megatron_delta_unit(&c, &base, loads[j], a, &unit),
+					    0);
+				for (int fi = 0; fi < KILN_MEGATRON_N_FRACTIONS; fi++)
+					for (int di = 0; di < KILN_MEGATRON_N_DELTAS; di++) {
+						double f = kiln_megatron_fractions[fi];
+						double d = floor(unit * kiln_megatron_deltas[di]);
+						if ((fi > 0 || di > 0) && !(unit > 0))
+							continue;
+						if ((fi > 0 || di > 0) && f == 1 && d == 0)
+							continue;
+						kiln_megatron r = base;
+						r.offload_fraction_set = f < 1;
+						r.offload_fraction = f < 1 ? f : 0;
+						r.delta_offload_bytes = (int64_t)d;
+						kiln_megatron_actions ma;
+						cr_assert_eq(kiln_megatron_recipe_eval(
+						                 &c, &r, loads[j], a, &ma),
+						             0);
+						if (!ma.fits)
+							continue;
+						double tol = 1e-9 * fmax(1, bw);
+						if (!found || ma.worst_us < bw - tol ||
+						    (ma.worst_us <= bw + tol &&
+						     ma.exposed_us < bsum)) {
+							bw = ma.worst_us;
+							bsum = ma.exposed_us;
+							best_tuned = fi > 0 || di > 0;
+						}
+						found = true;
+					}
+			}
+		}
+		kiln_megatron r;
+		kiln_megatron_actions ma;
+		cr_assert_eq(kiln_megatron_search_beside(&c, loads[j], &bs, a, &r, &ma, NULL), 0);
+		char fl[512];
+		cr_assert_geq(kiln_megatron_flags_format(&r, fl, sizeof fl), 0);
+		cr_assert_eq(ma.fits, found, "load %g: %s", loads[j], fl);
+		if (found) {
+			cr_expect_float_eq(ma.worst_us, bw, 1e-9 * fmax(1, bw),
+			                   "load %g: %s %.6f vs %.6f", loads[j], fl, ma.worst_us,
+			                   bw);
+			cr_expect_float_eq(ma.exposed_us, bsum, 1e-6 * fmax(1, bsum),
+			                   "load %g: %s %.6f vs %.6f", loads[j], fl, ma.exposed_us,
+			                   bsum);
+		}
+		tuned += best_tuned;
+		kiln_arena_free(a);
+	}
+	kiln_arena_free(ca);
+	cr_expect_gt(tuned, 0, "no case where the offload tuning wins: the test tests nothing");
+}
+
+/* Megatron's uniform full recompute in chunks of N = 2 layers
+ * (megatron/core/recompute.py:157-166 at d98e8a64) through the whole
+ * simulator, exact and at balanced load (every rank at its 512 rows), on
+ * tiny's stage 0: model layers 0 (dense) to 3 (MoE), chunks {0, 1} and
+ * {2, 3}, two micro-batches in flight. By hand, per micro-batch the chunk
+ * heads 0 and 2 keep their inputs (2 * 32,768 bytes; seq 128 * micro-batch
+ * 2 * hidden 64 * 2 bytes each) beside the fixed bytes, the others nothing;
+ * a chunk's backward holds what both its layers rebuild (each layer's
+ * full-recompute saved bytes, S_d dense and S_m MoE, and the second
+ * layer's input, 32,768) beside the larger of their workspaces (W_d,
+ * W_m). So the stage's peak, with micro-batch 1 in backward beside
+ * micro-batch 0, is
+ *   static + 2 * (fixed + 2 * 32,768)
+ *          + max(S_d + S_m + 32,768 + max(W_d, W_m), 2 * S_m + 32,768 + W_m),
+ * S and W read from one layer's full-recompute plan (kiln_plan_bytes_at).
+ * With N = 1 every layer keeps its input and one layer is rebuilt at a
+ * time: static + 2 * (fixed + 4 * 32,768) + max(S_d + W_d, S_m + W_m). */
+Test(baselines, uniform_chunks_peak_in_the_simulator)
+{
+	const kiln_compilation *c = kt_compiled("examples/models/tiny.yaml", KILN_SOLVER_DP, false);
+	int32_t moe = moe_set(c), dense = -1;
+	for (int32_t i = 0; i < c->n_sets; i++)
+		if (c->sets[i].stage == 0 && c->sets[i].kind == KILN_LAYER_DENSE)
+			dense = i;
+	cr_assert_geq(dense, 0);
+	cr_assert_eq(c->sets[moe].stage, 0);
+	const kiln_stage_budget *bu = &c->budgets[0];
+	cr_assert_eq(bu->inflight, 2);
+	kiln_plan_bytes bd, bm;
+	const int32_t *full = c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan;
+	kiln_plan_bytes_at(&c->sets[dense], c->pool->actions[full[dense]], 0, &bd);
+	kiln_plan_bytes_at(&c->sets[moe], c->pool->actions[full[moe]],
+	                   c->graph->layers[c->sets[moe].layer].n_balanced, &bm);
+	double sd = bd.saved, sm = bm.saved, wd = bd.transient - bd.saved,
+	       wm = bm.transient - bm.saved, in = 32768;
+	double fixed = ceil(bu->fixed_bytes - 1e-6);
+	double want2 = bu->static_bytes + 2 * (fixed + 2 * in) +
+	               fmax(sd + sm + in + fmax(wd, wm), 2 * sm + in + wm);
+	double want1 = bu->static_bytes + 2 * (fixed + 4 * in) + fmax(sd + wd, sm + wm);
+	kiln_arena *a = kiln_arena_new();
+	cr_assert_not_null(a);
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse("balanced", c->model->max_factor, a, stderr, &prof), 0);
+	const int64_t ns[2] = {1, 2};
+	const double want[2] = {want1, want2};
+	for (int k = 0; k < 2; k++) {
+		kiln_compilation cu;
+		kiln_baseline bls[KILN_BASELINE_COUNT];
+		with_uniform(c, ns[k], &cu, bls);
+		kiln_sim_config cfg = {.c = &cu,
+		                       .loads = prof,
+		                       .iterations = 1,
+		                       .seed = 1,
+		                       .restart_s = 284,
+		                       .checkpoint_every = 100,
+		                       .exact = 1,
+		                       .threads = 1};
+		kiln_sim_policy_kind pk = KILN_SIM_MEGATRON;
+		kiln_sim_result r;
+		cr_assert_eq(kiln_sim_run(&cfg, &pk, 1, a, stderr, &r), 0);
+		cr_expect_float_eq(r.peak_bytes[0], want[k], 0.5, "N = %lld: %.0f, hand %.0f",
+		                   (long long)ns[k], r.peak_bytes[0], want[k]);
+	}
+	kiln_arena_free(a);
 }

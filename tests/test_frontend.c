@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "costmodel/costmodel.h"
 #include "frontend/frontend.h"
 
 static kiln_arena *arena;
@@ -1758,6 +1759,51 @@ Test(frontend_megatron, defaults_match_megatron_core)
 	cr_expect_eq(m->megatron.offload_modules, KILN_MOF(EXPERT_FC1));
 	cr_expect_float_eq(m->megatron.capacity_factor, 1.25, 1e-12);
 	cr_expect(m->megatron.pad_to_capacity && m->megatron.force_load_balancing);
+}
+
+/* Fine-grained offloading's tuning keys (transformer_config.py:1343-1362)
+ * and Megatron-Core's rules for them (:2176-2184): the fraction in [0, 1],
+ * the delta non-negative; both only beside offload_modules; the minimum
+ * size alone tells the recipe search what Megatron would offload. */
+Test(frontend_megatron, offload_tuning_keys)
+{
+	kiln_model *m = load_ok(MG_HEAD "parallel: {devices: 16, pp: 2, ep: 8}\n"
+	                                "megatron:\n"
+	                                "  offload_modules: [core_attn, expert_fc1]\n"
+	                                "  activation_offload_fraction: 0.8\n"
+	                                "  delta_offload_bytes_across_pp_ranks: 1073741824\n"
+	                                "  min_offloaded_tensor_size: 4096\n");
+	cr_expect(m->megatron.offload_fraction_set);
+	cr_expect_float_eq(m->megatron.offload_fraction, 0.8, 1e-15);
+	cr_expect_eq(m->megatron.delta_offload_bytes, 1073741824);
+	cr_expect(m->megatron.min_offloaded_set);
+	cr_expect_eq(m->megatron.min_offloaded_elements, 4096);
+	char fl[512];
+	cr_assert_geq(kiln_megatron_flags_format(&m->megatron, fl, sizeof fl), 0);
+	cr_expect_str_eq(fl, "--fine-grained-activation-offloading --offload-modules core_attn "
+	                     "expert_fc1 --min-offloaded-tensor-size 4096 "
+	                     "--activation-offload-fraction 0.8 "
+	                     "--delta-offload-bytes-across-pp-ranks 1073741824");
+	/* Absent: Megatron's defaults (fraction 1, no delta, 1M elements). */
+	m = load_ok(MG_HEAD "parallel: {devices: 16, pp: 2, ep: 8}\n"
+	                    "megatron: {min_offloaded_tensor_size: 0}\n");
+	cr_expect(!m->megatron.offload_fraction_set);
+	cr_expect_float_eq(kiln_megatron_fraction(&m->megatron), 1.0, 0);
+	cr_expect_float_eq(kiln_megatron_min_offloaded(&m->megatron), 0.0, 0);
+	expect_invalid(MG_HEAD "parallel: {devices: 16, ep: 8}\n"
+	                       "megatron: {offload_modules: [core_attn], "
+	                       "activation_offload_fraction: 1.5}\n",
+	               "error: activation_offload_fraction must be in [0, 1]");
+	expect_invalid(MG_HEAD "parallel: {devices: 16, ep: 8}\n"
+	                       "megatron: {activation_offload_fraction: 0.5}\n",
+	               "error: activation_offload_fraction needs offload_modules");
+	expect_invalid(MG_HEAD "parallel: {devices: 16, ep: 8}\n"
+	                       "megatron: {delta_offload_bytes_across_pp_ranks: 1024}\n",
+	               "error: delta_offload_bytes_across_pp_ranks needs offload_modules");
+	expect_invalid(MG_HEAD "parallel: {devices: 16, ep: 8}\n"
+	                       "megatron: {offload_modules: [core_attn], "
+	                       "delta_offload_bytes_across_pp_ranks: -1}\n",
+	               "error: delta_offload_bytes_across_pp_ranks");
 }
 
 /* Megatron-Core's uneven split (transformer_block.py get_num_layers_to_build):

@@ -339,9 +339,11 @@ Test(sim_stash, reruns_exactly_when_the_stash_overflows, .timeout = 120)
  *   2 * 2 * 460,800 / 100e3 = 18.432 us;
  * - 600 rows: 300 + 300 pad to 1024, over the budget (dropped, a rerun):
  *   768 rows, 12 pages; the device has 0 free (8 held), the host 16:
- *   spilled, 691,200 bytes; HBM 2 * 691,200 / 100e3 = 13.824 us; out
- *   69.12 us against a 50 us forward: 19.12 exposed; back 69.12 us
- *   against a 100 us backward: hidden. 32.944 us;
+ *   spilled, 691,200 bytes. The copy kernel holds its SMs for the whole
+ *   copy (Megatron's moe/ops/paged_stash.py:113-137), so nothing hides:
+ *   out, one HBM read (691,200 / 100e3 = 6.912 us) beside the link's
+ *   691,200 / 10e3 = 69.12 us, the slower 69.12; back the same: 138.24 us
+ *   (the old model hid the link under the layer's compute: 32.944);
  * - 500 rows more, host 4 free: overflow, nothing stashed, no time. */
 Test(sim_stash, placement_and_spill_time_equal_a_hand_calculation)
 {
@@ -356,21 +358,21 @@ Test(sim_stash, placement_and_spill_time_equal_a_hand_calculation)
 	int64_t cuda = 0, host = 0;
 	int overflowed = 0, dropped = 0;
 	double spilled = 0;
-	double us = kiln_sim_stash_place(&st, &hw, 500, NULL, 50, 100, &cuda, &host, 0, 0,
-	                                 &overflowed, &spilled, &dropped);
+	double us = kiln_sim_stash_place(&st, &hw, 500, NULL, &cuda, &host, 0, 0, &overflowed,
+	                                 &spilled, &dropped);
 	cr_expect(fabs(us - 18.432) < 1e-9, "%.17g", us);
 	cr_expect_eq(cuda, 8);
 	cr_expect_eq(host, 0);
 	cr_expect_eq(dropped, 0);
-	us = kiln_sim_stash_place(&st, &hw, 600, NULL, 50, 100, &cuda, &host, 0, 0, &overflowed,
-	                          &spilled, &dropped);
-	cr_expect(fabs(us - 32.944) < 1e-9, "%.17g", us);
+	us = kiln_sim_stash_place(&st, &hw, 600, NULL, &cuda, &host, 0, 0, &overflowed, &spilled,
+	                          &dropped);
+	cr_expect(fabs(us - 138.24) < 1e-9, "%.17g", us);
 	cr_expect_eq(host, 12);
 	cr_expect_eq(spilled, 691200);
 	cr_expect_eq(dropped, 1);
 	cr_expect_eq(overflowed, 0);
-	us = kiln_sim_stash_place(&st, &hw, 500, NULL, 50, 100, &cuda, &host, 0, 0, &overflowed,
-	                          &spilled, &dropped);
+	us = kiln_sim_stash_place(&st, &hw, 500, NULL, &cuda, &host, 0, 0, &overflowed, &spilled,
+	                          &dropped);
 	cr_expect_eq(us, 0);
 	cr_expect_eq(overflowed, 1);
 	cr_expect_eq(cuda, 8);
@@ -378,8 +380,8 @@ Test(sim_stash, placement_and_spill_time_equal_a_hand_calculation)
 	/* After an overflow the device stashes nothing more (the copy
 	 * kernel returns at once), even what would fit. */
 	cuda = 0;
-	us = kiln_sim_stash_place(&st, &hw, 100, NULL, 50, 100, &cuda, &host, 0, 0, &overflowed,
-	                          &spilled, &dropped);
+	us = kiln_sim_stash_place(&st, &hw, 100, NULL, &cuda, &host, 0, 0, &overflowed, &spilled,
+	                          &dropped);
 	cr_expect_eq(us, 0);
 	cr_expect_eq(cuda, 0);
 }
