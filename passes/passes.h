@@ -186,7 +186,7 @@ int kiln_plan_valid(const kiln_unit_set *set, const uint8_t *actions);
  * set->n_units entries). */
 void kiln_plan_actions(const kiln_plan_instance *in, const kiln_plan_point *p, uint8_t *out);
 
-/* plan.c */
+/* buckets.c */
 
 /* Load buckets: upper edges from 0 to load.max_factor, 0.25 apart below
  * 0.75, then 0.9, 1.0, 0.05 apart up to 1.5, 0.1 apart above, with
@@ -195,6 +195,8 @@ int kiln_plan_buckets(double max_factor, kiln_arena *a, double **out_edges, int3
 /* Index of the bucket holding load factor r (rounding up); n when r exceeds
  * the last edge. */
 int32_t kiln_plan_bucket_of(const double *edges, int32_t n, double r);
+
+/* plan.c */
 
 /* Table points per frontier: the exact frontier can hold a thousand points;
  * the table keeps the cheapest point at each 1/64 step of the maximal
