@@ -368,22 +368,9 @@ static int solve(const kiln_compilation *c, const kiln_plan_instance *in, kiln_a
 	return rc;
 }
 
-/* The HBM time of a plan's offloads, which the feedback adds to its
- * scheduled delay (passes/interleave.c). */
-static double plan_hbm_us(const kiln_compilation *c, const kiln_plan_table *t,
-                          const uint8_t *actions)
-{
-	double mk = 0, nl = t->set->kind == KILN_LAYER_MOE ? t->n : 0;
-	for (int32_t u = 0; u < t->set->n_units; u++)
-		if (actions[u] == KILN_ACT_OFFLOAD)
-			mk += kiln_cost_hbm_us(&c->model->hw,
-			                       2.0 * kiln_lin_at(t->set->units[u].bytes, nl));
-	return mk;
-}
-
 typedef struct pick {
 	const kiln_plan_point *pt;
-	double us; /* makespan + plan_hbm_us */
+	double us; /* makespan + kiln_interleave_hbm_us */
 } pick;
 
 static int pick_cmp(const void *x, const void *y)
@@ -453,7 +440,7 @@ static int choose_by_schedule(const kiln_compilation *c, kiln_plan_table *t,
 			else if (by.saved < ref.saved || by.transient > ref.transient ||
 			         by.offloaded > ref.offloaded)
 				continue;
-			double us = plan_hbm_us(c, t, actions);
+			double us = kiln_interleave_hbm_us(c, t, actions);
 			double mk = memo_makespan(c, t, f, p, memo[i], actions, sa);
 			if (mk < 0) {
 				rc = -1;
@@ -548,6 +535,23 @@ static int solve_measured(const kiln_compilation *c, kiln_plan_table *t, kiln_ar
 			order_ms[no++] = ms[i];
 		}
 	return choose_by_schedule(c, t, order, order_ms, no, a);
+}
+
+int kiln_plan_table_static(const kiln_ir_graph *g, const kiln_unit_set *set, double load_factor,
+                           double n, const kiln_option_flags *flags, kiln_arena *a,
+                           kiln_plan_table *out)
+{
+	memset(out, 0, sizeof *out);
+	out->set = set;
+	out->load_factor = load_factor;
+	out->n = n;
+	kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
+	if (!f || kiln_pass_options(g, set, n, flags, a, &out->instance) != 0 ||
+	    kiln_cost_frontier_dp(&out->instance, a, f) != 0)
+		return -1;
+	out->frontier = f;
+	out->frontier_id = -1;
+	return kiln_plan_table_fill(out, KILN_PLAN_TABLE_STEPS, NULL, a);
 }
 
 int kiln_pass_plan(kiln_compilation *c)
