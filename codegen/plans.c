@@ -6,20 +6,13 @@
 #include <string.h>
 
 #include "codegen/codegen.h"
+#include "kiln/runtime.h"
 #include "passes/passes.h"
 
-static const char *action_name(int a)
-{
-	switch (a) {
-	case KILN_ACT_KEEP:
-		return "keep";
-	case KILN_ACT_RECOMPUTE:
-		return "recompute";
-	case KILN_ACT_OFFLOAD:
-		return "offload";
-	}
-	return "?";
-}
+/* Compiler actions (costmodel.h) are printed by the runtime's name table. */
+_Static_assert(KILN_ACT_KEEP == (int)KILN_RT_KEEP && KILN_ACT_RECOMPUTE == (int)KILN_RT_RECOMPUTE &&
+                   KILN_ACT_OFFLOAD == (int)KILN_RT_OFFLOAD && KILN_ACT_COUNT == 3,
+               "kiln_action and kiln_rt_action must agree");
 
 static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
 {
@@ -119,7 +112,7 @@ void kiln_plans_text(const kiln_compilation *c, FILE *out)
 static void add_actions(kiln_json *obj, const kiln_unit_set *set, const uint8_t *act)
 {
 	for (int32_t u = 0; u < set->n_units; u++)
-		kiln_json_add_string(obj, set->units[u].name, action_name(act[u]));
+		kiln_json_add_string(obj, set->units[u].name, kiln_rt_action_name(act[u]));
 }
 
 kiln_json *kiln_plans_json(const kiln_compilation *c)

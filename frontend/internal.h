@@ -1,10 +1,10 @@
 /* frontend/internal.h: the frontend's private surface, one group per file.
  *
- * The pipeline is: read bytes (frontend.c) -> node tree (yaml.c) -> typed
+ * The pipeline is: read bytes (source.c) -> node tree (yaml.c) -> typed
  * fields per section (schema.c) -> rules, defaults, derived sizes
  * (validate.c, hardware.c). Diagnostics are collected in a kiln_fe_ctx
  * (diag.c) and printed once, sorted, at the end. Everything is allocated
- * from the caller's arena.
+ * from the caller's arena. frontend.c, the entry points, runs the pipeline.
  */
 #ifndef KILN_FRONTEND_INTERNAL_H
 #define KILN_FRONTEND_INTERNAL_H
@@ -190,6 +190,19 @@ const char *kiln_fe_node_describe(kiln_fe_ctx *c, const kiln_fe_node *n);
  * '-' equal to '_'). NULL when none is close. Borrowed from cands. */
 const char *kiln_fe_suggest(const char *word, size_t len, const char *const *cands, size_t n);
 
+/* ---------------------------------------------------------------- source.c */
+
+/* Reads the whole file at path (borrowed) into arena memory, refusing files
+ * over KILN_FRONTEND_MAX_FILE_BYTES after reading at most that many bytes plus
+ * one. Errors are reported at line:col of the current file (0, 0: the whole
+ * file) and name path. Returns true with *out_text (arena-owned, NUL
+ * terminated) and *out_len, or false after reporting. */
+bool kiln_fe_read_file(kiln_fe_ctx *c, const char *path, int line, int col, char **out_text,
+                       size_t *out_len);
+/* Text (borrowed) within the size limit: parse to the root mapping. Reports
+ * an oversized text. Returns the root or NULL after reporting. */
+kiln_fe_node *kiln_fe_parse_text(kiln_fe_ctx *c, const char *text, size_t len);
+
 /* ---------------------------------------------------------------- hardware.c */
 
 /* The profile named by the hardware: value v (borrowed; key is its key, where
@@ -214,18 +227,5 @@ bool kiln_fe_hardware_shipped(kiln_fe_ctx *c, const char *name, int line, int co
  * an arena-owned model, or NULL after reporting errors. */
 kiln_model *kiln_fe_model_build(kiln_fe_ctx *c, const kiln_fe_node *root, const char *path,
                                 const char *base_dir);
-
-/* ---------------------------------------------------------------- frontend.c */
-
-/* Reads the whole file at path (borrowed) into arena memory, refusing files
- * over KILN_FRONTEND_MAX_FILE_BYTES after reading at most that many bytes plus
- * one. Errors are reported at line:col of the current file (0, 0: the whole
- * file) and name path. Returns true with *out_text (arena-owned, NUL
- * terminated) and *out_len, or false after reporting. */
-bool kiln_fe_read_file(kiln_fe_ctx *c, const char *path, int line, int col, char **out_text,
-                       size_t *out_len);
-/* Text (borrowed) within the size limit: parse to the root mapping. Reports
- * an oversized text. Returns the root or NULL after reporting. */
-kiln_fe_node *kiln_fe_parse_text(kiln_fe_ctx *c, const char *text, size_t len);
 
 #endif

@@ -123,17 +123,8 @@ int kiln_adapipe_new(const kiln_compilation *c, kiln_arena *a, kiln_adapipe **ou
 			x->dense_params[k] = pr[0];
 			x->expert_params[k] = pr[1];
 			/* As baselines.c builds the adapipe tables. */
-			kiln_plan_table *t = &x->tab[k];
-			t->set = &x->set[k];
-			t->load_factor = KILN_BASELINE_DESIGN_LOAD;
-			t->n = n;
-			kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
-			if (!f ||
-			    kiln_pass_options(g, &x->set[k], t->n, &flags, a, &t->instance) != 0 ||
-			    kiln_cost_frontier_dp(&t->instance, a, f) != 0)
-				return -1;
-			t->frontier = f;
-			if (kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, NULL, a) != 0)
+			if (kiln_plan_table_static(g, &x->set[k], KILN_BASELINE_DESIGN_LOAD, n,
+			                           &flags, a, &x->tab[k]) != 0)
 				return -1;
 		}
 	}

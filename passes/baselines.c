@@ -1295,19 +1295,13 @@ int kiln_pass_baselines(kiln_compilation *c)
 			if (first < 0)
 				first = i;
 			kiln_plan_table *t = &tabs_store[n];
-			memset(t, 0, sizeof *t);
 			const kiln_unit_set *set = &c->sets[i];
-			t->set = set;
-			t->load_factor = KILN_BASELINE_DESIGN_LOAD;
-			t->n = set->kind == KILN_LAYER_MOE
-			           ? KILN_BASELINE_DESIGN_LOAD * c->graph->layers[set->layer].n_balanced
-			           : 0;
-			kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
-			if (!f || kiln_pass_options(c->graph, set, t->n, &static_flags, a, &t->instance) != 0 ||
-			    kiln_cost_frontier_dp(&t->instance, a, f) != 0)
-				return -1;
-			t->frontier = f;
-			if (kiln_plan_table_fill(t, KILN_PLAN_TABLE_STEPS, NULL, a) != 0)
+			double rows = set->kind == KILN_LAYER_MOE
+			                  ? KILN_BASELINE_DESIGN_LOAD *
+			                        c->graph->layers[set->layer].n_balanced
+			                  : 0;
+			if (kiln_plan_table_static(c->graph, set, KILN_BASELINE_DESIGN_LOAD, rows,
+			                           &static_flags, a, t) != 0)
 				return -1;
 			tabs[n++] = t;
 		}

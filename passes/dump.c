@@ -1,18 +1,11 @@
 /* passes/dump.c: --dump-after: the compilation's state in readable text. */
+#include "kiln/runtime.h"
 #include "passes/passes.h"
 
-static const char *action_name(int a)
-{
-	switch (a) {
-	case KILN_ACT_KEEP:
-		return "keep";
-	case KILN_ACT_RECOMPUTE:
-		return "recompute";
-	case KILN_ACT_OFFLOAD:
-		return "offload";
-	}
-	return "?";
-}
+/* Compiler actions (costmodel.h) are printed by the runtime's name table. */
+_Static_assert(KILN_ACT_KEEP == (int)KILN_RT_KEEP && KILN_ACT_RECOMPUTE == (int)KILN_RT_RECOMPUTE &&
+                   KILN_ACT_OFFLOAD == (int)KILN_RT_OFFLOAD && KILN_ACT_COUNT == 3,
+               "kiln_action and kiln_rt_action must agree");
 
 static void dump_units(const kiln_compilation *c, FILE *out)
 {
@@ -53,7 +46,8 @@ static void dump_tables(const kiln_compilation *c, FILE *out)
 				const uint8_t *act = c->pool->actions[t->plan[p]];
 				for (int32_t u = 0; u < set->n_units; u++)
 					if (act[u] != KILN_ACT_KEEP)
-						fprintf(out, " %s=%s", set->units[u].name, action_name(act[u]));
+						fprintf(out, " %s=%s", set->units[u].name,
+						        kiln_rt_action_name(act[u]));
 				fputc('\n', out);
 			}
 		}

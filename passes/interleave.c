@@ -1241,6 +1241,12 @@ static double hbm_copy_us(const kiln_compilation *c, const kiln_unit_set *set,
 	return us;
 }
 
+double kiln_interleave_hbm_us(const kiln_compilation *c, const kiln_plan_table *t,
+                              const uint8_t *actions)
+{
+	return hbm_copy_us(c, t->set, actions, t->n);
+}
+
 /* Builds and schedules one template (tasks from a). */
 int kiln_interleave_template(const kiln_compilation *c, const kiln_plan_table *t, int32_t plan,
                              const uint8_t *actions, kiln_arena *a, kiln_template *out)

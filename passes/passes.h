@@ -203,7 +203,7 @@ int kiln_plan_valid(const kiln_unit_set *set, const uint8_t *actions);
  * set->n_units entries). */
 void kiln_plan_actions(const kiln_plan_instance *in, const kiln_plan_point *p, uint8_t *out);
 
-/* plan.c */
+/* buckets.c */
 
 /* Load buckets: upper edges from 0 to load.max_factor, 0.25 apart below
  * 0.75, then 0.9, 1.0, 0.05 apart up to 1.5, 0.1 apart above, with
@@ -212,6 +212,8 @@ int kiln_plan_buckets(double max_factor, kiln_arena *a, double **out_edges, int3
 /* Index of the bucket holding load factor r (rounding up); n when r exceeds
  * the last edge. */
 int32_t kiln_plan_bucket_of(const double *edges, int32_t n, double r);
+
+/* plan.c */
 
 /* Table points per frontier: the exact frontier can hold a thousand points;
  * the table keeps the cheapest point at each 1/64 step of the maximal
@@ -248,6 +250,16 @@ static inline double kiln_plan_table_exposed_us(const kiln_plan_table *t, int32_
  * saving; 0 keeps every frontier point), with exact bytes at t->n and, when
  * pool is set, pool indices. Returns 0 or -1 on exhaustion. */
 int kiln_plan_table_fill(kiln_plan_table *t, int32_t steps, kiln_plan_pool *pool, kiln_arena *a);
+
+/* A plan table outside the compilation's own, for the static baselines
+ * (baselines.c, adapipe.c): set's instance at load_factor (n local expert
+ * rows, 0 for a dense set) under flags, its DP frontier and its table
+ * points with exact bytes, no pool indices (plan[] is -1) and frontier_id
+ * -1. The plan pass's interface for a table it does not own: no window
+ * measurement, no scheduling. Arena-owned. Returns 0 or -1. */
+int kiln_plan_table_static(const kiln_ir_graph *g, const kiln_unit_set *set, double load_factor,
+                           double n, const kiln_option_flags *flags, kiln_arena *a,
+                           kiln_plan_table *out);
 
 /* The distinct per-unit action vectors of every frontier point and baseline. */
 struct kiln_plan_pool {
@@ -492,131 +504,8 @@ int kiln_adapipe_partition(kiln_adapipe *x, kiln_arena *a, kiln_adapipe_split *o
 int kiln_adapipe_compile(const kiln_compilation *c, kiln_arena *a3, kiln_model *m3,
                          kiln_adapipe_split *split, kiln_compilation *c3, bool *c3_used, FILE *err);
 
-/* interleave.c
- *
- * Dual-batch interleaving (DESIGN.md section 8, docs/schedule.md). In 1F1B
- * steady state a stage runs the forward of one micro-batch (chain 0) and the
- * backward of another (chain 1) through each layer; a plan adds recompute
- * chunks and reloads to the backward chain and offloads to the forward
- * chain. A template is the merged order of both chains' tasks over four
- * streams with predicted start and end times. */
-
-typedef enum {
-	KILN_STREAM_COMPUTE,
-	KILN_STREAM_COMM, /* TP collectives, EP all-to-all, pipeline transfers */
-	KILN_STREAM_D2H,  /* offloads */
-	KILN_STREAM_H2D,  /* reloads */
-	KILN_STREAM_COUNT
-} kiln_stream;
-
-typedef enum {
-	KILN_TASK_FORWARD,
-	KILN_TASK_BACKWARD,
-	KILN_TASK_RECOMPUTE,
-	KILN_TASK_COPY, /* offload or reload */
-	KILN_TASK_COMM, /* a collective, in either chain */
-	KILN_TASK_KIND_COUNT
-} kiln_task_kind;
-
-typedef struct kiln_task {
-	const char *name;    /* chunk name, e.g. "attn", "dispatch", "experts.bwd",
-	                        "recompute moe.expert_up", "offload moe.expert_in" */
-	kiln_task_kind kind;
-	kiln_stream stream;
-	int32_t chain;       /* 0: forward micro-batch, 1: backward micro-batch */
-	int32_t index;       /* position in its chain */
-	double duration_us;
-	double start_us, end_us; /* in the template; 0 = the template's start */
-	int32_t *deps;       /* tasks (indices in the template) that must end first */
-	int32_t n_deps;
-	double mem_bytes;    /* transient bytes held from start to the end of its consumer (reloads) */
-} kiln_task;
-
-typedef struct kiln_template {
-	int32_t stage;
-	kiln_layer_kind kind;
-	int32_t plan;        /* pool index of the plan class */
-	double load_factor;  /* the load its durations were taken at */
-	kiln_task *tasks;    /* in start order */
-	int32_t n_tasks;
-	double makespan_us;  /* interleaved */
-	double serial_us;    /* the plain serial order: chain 0, then chain 1 */
-	double base_us;      /* makespan of the keep-everything template at the same load */
-} kiln_template;
-
-/* The steady-state picture of one stage, for views: its layers in execution
- * order, each running the template of its kind's steady plan. */
-typedef struct kiln_stage_timeline {
-	int32_t stage;
-	int32_t n_layers;
-	int32_t *layer;    /* model layer numbers */
-	int32_t *template_id; /* index into kiln_plan_schedule.templates */
-} kiln_stage_timeline;
-
-struct kiln_plan_schedule {
-	const char *model; /* name */
-	kiln_template *templates;
-	int32_t n_templates;
-	kiln_stage_timeline *stages;
-	int32_t n_stages;
-};
-
-/* The interleave pass: a template per plan class (pool plan) at the load of
- * the first table using it, the schedule's stage timelines, and feedback:
- * every table point's exposed time becomes its template's makespan minus
- * base_us, and points a scheduled neighbour dominates leave the table.
- * Returns 0 or -1. */
-int kiln_pass_interleave(kiln_compilation *c);
-
-/* The template of one plan (actions: one kiln_action per unit of t->set;
- * plan: its pool index, recorded in the template) at table t's load: both
- * chains scheduled by the DP and serially. base_us is left 0. Returns 0 or
- * -1. */
-int kiln_interleave_template(const kiln_compilation *c, const kiln_plan_table *t, int32_t plan,
-                             const uint8_t *actions, kiln_arena *a, kiln_template *out);
-
-/* Makespan of the DP schedule of actions' template at table t's set and
- * load (tasks allocated from a), or -1. */
-double kiln_interleave_makespan(const kiln_compilation *c, const kiln_plan_table *t,
-                                const uint8_t *actions, kiln_arena *a);
-/* Exposed time of a plan (actions: one kiln_action per unit of t->set) at
- * table t's load, as the feedback computes it: its scheduled makespan minus
- * the keep-everything makespan, plus the HBM share of its offloads; and
- * *out_serial_us the same without overlap (serial orders). Scratch from a.
- * Returns 0 or -1. */
-int kiln_interleave_exposed(const kiln_compilation *c, const kiln_plan_table *t,
-                            const uint8_t *actions, kiln_arena *a, double *out_exposed_us,
-                            double *out_serial_us);
-
-/* Schedules two chains' tasks (tasks[0..n) with chain, index, stream,
- * duration and deps filled) by the dynamic program; fills start_us, end_us,
- * reorders tasks into start order (deps renumbered) and returns the makespan,
- * or a negative value on failure. mem_limit_bytes bounds the reload buffers
- * held at once (INFINITY: no bound). */
-double kiln_schedule_dp(kiln_task *tasks, int32_t n, double mem_limit_bytes, kiln_arena *a);
-/* Labels (stream and live-task time vectors) kept per DP state; see
- * docs/schedule.md, "Pruning". */
-#define KILN_SCHEDULE_PARETO_CAP 64
-/* kiln_schedule_dp with an explicit cap on the Pareto set per state
- * (0: no cap, exact; for tests). Same contract. */
-double kiln_schedule_dp_cap(kiln_task *tasks, int32_t n, double mem_limit_bytes,
-                            int32_t pareto_cap, kiln_arena *a);
-/* The two chains of one layer of set at load n under a plan (actions: one
- * kiln_action per unit): chain 0 the forward chunks with offloads, chain 1
- * the backward chunks with reloads and recomputes (docs/schedule.md,
- * "Chunks"), unscheduled. Tasks, deps and names are allocated from a.
- * Returns 0, or -1 on exhaustion. O(ops + units^2). */
-int kiln_schedule_build(const kiln_ir_graph *g, const kiln_unit_set *set, const uint8_t *actions,
-                        double n, kiln_arena *a, kiln_task **out_tasks, int32_t *out_n);
-/* The plain serial order (chain 0, then chain 1), same contract. */
-double kiln_schedule_serial(kiln_task *tasks, int32_t n, kiln_arena *a);
-/* Checks a scheduled template: deps end before dependents start, one task at
- * a time per stream, chain order kept, reload memory within mem_limit_bytes.
- * Returns 0, or -1 with one line per violation on err (may be NULL). */
-int kiln_schedule_verify(const kiln_task *tasks, int32_t n, double mem_limit_bytes, FILE *err);
-
-/* Names for views and docs. */
-const char *kiln_stream_name(kiln_stream s);
-const char *kiln_task_kind_name(kiln_task_kind k);
+/* interleave.c: the scheduler's interface, in passes/schedule.h (the one
+ * way every pass, view and the simulator gets a schedule). */
+#include "passes/schedule.h"
 
 #endif

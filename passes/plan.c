@@ -12,51 +12,6 @@
 #include "costmodel/costmodel.h"
 #include "passes/passes.h"
 
-int kiln_plan_buckets(double max_factor, kiln_arena *a, double **out_edges, int32_t *out_n)
-{
-	/* Coarse below the steady state, where loads are rare and cheap to
-	 * over-provision; fine just above 1.0, where 97% of iterations live
-	 * (DESIGN.md section 1); 0.1 apart in the spike range. */
-	double tmp[256];
-	int32_t n = 0;
-	static const double low[] = {0.25, 0.5, 0.75, 0.9, 1.0};
-	for (size_t i = 0; i < sizeof low / sizeof low[0]; i++)
-		tmp[n++] = low[i];
-	for (int k = 1; k <= 10; k++)
-		tmp[n++] = 1.0 + 0.05 * k; /* 1.05 .. 1.5 */
-	for (int k = 1; n < 250; k++)
-		tmp[n++] = 1.5 + 0.1 * k; /* 1.6 .. */
-	/* Cut at max_factor, which becomes the last edge. */
-	int32_t m = 0;
-	while (m < n && tmp[m] < max_factor - 1e-9)
-		m++;
-	if (m == n) /* max_factor beyond the table: the frontend caps it lower */
-		return -1;
-	tmp[m++] = max_factor;
-	double *e = kiln_arena_alloc(a, sizeof(double) * (size_t)m);
-	if (!e)
-		return -1;
-	memcpy(e, tmp, sizeof(double) * (size_t)m);
-	*out_edges = e;
-	*out_n = m;
-	return 0;
-}
-
-int32_t kiln_plan_bucket_of(const double *edges, int32_t n, double r)
-{
-	/* Binary search for the first edge >= r (with a little slack so that
-	 * 1.0 computed as 0.1 * 10 lands in the 1.0 bucket). */
-	int32_t lo = 0, hi = n;
-	while (lo < hi) {
-		int32_t mid = lo + (hi - lo) / 2;
-		if (edges[mid] >= r - 1e-9)
-			hi = mid;
-		else
-			lo = mid + 1;
-	}
-	return lo;
-}
-
 static bool same_units(const kiln_unit_set *x, const kiln_unit_set *y)
 {
 	if (x == y)
@@ -413,22 +368,9 @@ static int solve(const kiln_compilation *c, const kiln_plan_instance *in, kiln_a
 	return rc;
 }
 
-/* The HBM time of a plan's offloads, which the feedback adds to its
- * scheduled delay (passes/interleave.c). */
-static double plan_hbm_us(const kiln_compilation *c, const kiln_plan_table *t,
-                          const uint8_t *actions)
-{
-	double mk = 0, nl = t->set->kind == KILN_LAYER_MOE ? t->n : 0;
-	for (int32_t u = 0; u < t->set->n_units; u++)
-		if (actions[u] == KILN_ACT_OFFLOAD)
-			mk += kiln_cost_hbm_us(&c->model->hw,
-			                       2.0 * kiln_lin_at(t->set->units[u].bytes, nl));
-	return mk;
-}
-
 typedef struct pick {
 	const kiln_plan_point *pt;
-	double us; /* makespan + plan_hbm_us */
+	double us; /* makespan + kiln_interleave_hbm_us */
 } pick;
 
 static int pick_cmp(const void *x, const void *y)
@@ -498,7 +440,7 @@ static int choose_by_schedule(const kiln_compilation *c, kiln_plan_table *t,
 			else if (by.saved < ref.saved || by.transient > ref.transient ||
 			         by.offloaded > ref.offloaded)
 				continue;
-			double us = plan_hbm_us(c, t, actions);
+			double us = kiln_interleave_hbm_us(c, t, actions);
 			double mk = memo_makespan(c, t, f, p, memo[i], actions, sa);
 			if (mk < 0) {
 				rc = -1;
@@ -593,6 +535,23 @@ static int solve_measured(const kiln_compilation *c, kiln_plan_table *t, kiln_ar
 			order_ms[no++] = ms[i];
 		}
 	return choose_by_schedule(c, t, order, order_ms, no, a);
+}
+
+int kiln_plan_table_static(const kiln_ir_graph *g, const kiln_unit_set *set, double load_factor,
+                           double n, const kiln_option_flags *flags, kiln_arena *a,
+                           kiln_plan_table *out)
+{
+	memset(out, 0, sizeof *out);
+	out->set = set;
+	out->load_factor = load_factor;
+	out->n = n;
+	kiln_frontier *f = kiln_arena_alloc(a, sizeof *f);
+	if (!f || kiln_pass_options(g, set, n, flags, a, &out->instance) != 0 ||
+	    kiln_cost_frontier_dp(&out->instance, a, f) != 0)
+		return -1;
+	out->frontier = f;
+	out->frontier_id = -1;
+	return kiln_plan_table_fill(out, KILN_PLAN_TABLE_STEPS, NULL, a);
 }
 
 int kiln_pass_plan(kiln_compilation *c)

@@ -1550,3 +1550,11 @@ int kiln_load_write_csv(const kiln_load_profile *p, const kiln_load_shape *shape
 		return -1;
 	return ferror(f) ? -1 : 0;
 }
+
+double kiln_sim_load_factor_max(const kiln_load_shape *s)
+{
+	if (s->ep <= 1 || s->top_k < 1)
+		return 1.0;
+	int32_t k = s->top_k < s->experts_per_rank ? s->top_k : s->experts_per_rank;
+	return (double)s->ep * (double)k / (double)s->top_k;
+}

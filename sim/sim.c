@@ -124,14 +124,6 @@ void kiln_sim_load_shape(const kiln_compilation *c, kiln_load_shape *out)
 	    .layers = n_moe};
 }
 
-double kiln_sim_load_factor_max(const kiln_load_shape *s)
-{
-	if (s->ep <= 1 || s->top_k < 1)
-		return 1.0;
-	int32_t k = s->top_k < s->experts_per_rank ? s->top_k : s->experts_per_rank;
-	return (double)s->ep * (double)k / (double)s->top_k;
-}
-
 static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 {
 	const kiln_ir_graph *g = c->graph;

@@ -149,13 +149,6 @@ void kiln_load_trace_describe(const kiln_load_trace *t, kiln_load_trace_info *ou
  * O(rows). */
 int kiln_load_trace_check(const kiln_load_trace *t, const kiln_load_shape *shape, FILE *err);
 
-/* ---------------------------------------------------------------- sim.c (shape) */
-
-/* The load shape the simulator samples for c's model: EP ranks, local
- * experts, top-k, tokens of a micro-batch entering one EP group, micro-
- * batches per iteration and MoE layers. */
-void kiln_sim_load_shape(const struct kiln_compilation *c, kiln_load_shape *out);
-
 /* The largest load factor routing can produce on one rank of shape s: every
  * token sends its top_k rows to distinct experts, at most
  * min(top_k, experts_per_rank) of them on one rank, so a rank receives at
@@ -163,6 +156,13 @@ void kiln_sim_load_shape(const struct kiln_compilation *c, kiln_load_shape *out)
  * ep balanced: ep * min(top_k, experts_per_rank) / top_k (1 for ep 1). The
  * simulator clamps every sampled factor to [0, this]. */
 double kiln_sim_load_factor_max(const kiln_load_shape *s);
+
+/* ---------------------------------------------------------------- sim.c (shape) */
+
+/* The load shape the simulator samples for c's model: EP ranks, local
+ * experts, top-k, tokens of a micro-batch entering one EP group, micro-
+ * batches per iteration and MoE layers. */
+void kiln_sim_load_shape(const struct kiln_compilation *c, kiln_load_shape *out);
 
 /* ---------------------------------------------------------------- pipeline.c */
 

@@ -18,12 +18,6 @@
 #include "kiln/runtime.h"
 #include "tools/tools.h"
 
-static const char *action_name(int a)
-{
-	static const char *names[] = {"keep", "recompute", "offload"};
-	return a >= 0 && a < 3 ? names[a] : "?";
-}
-
 static const char *stream_name(int s)
 {
 	static const char *names[] = {"compute", "comm", "d2h", "h2d"};
@@ -454,7 +448,7 @@ static kiln_json *inspect_json(const kiln_rt *rt, const char *path, const unsign
 			kiln_json *po = kiln_json_add_object(ps, NULL);
 			kiln_json *as = kiln_json_add_array(po, "actions");
 			for (int32_t u = 0; u < nu; u++)
-				kiln_json_add_string(as, NULL, action_name(acts[u]));
+				kiln_json_add_string(as, NULL, kiln_rt_action_name(acts[u]));
 			kiln_json_add_i64(po, "template", tpl);
 		}
 		kiln_json *tl = kiln_json_add_array(doc, "template_list");
@@ -740,7 +734,7 @@ int kilnc_select(int argc, char **argv)
 			kiln_rt_unit_get(rt, q.layer, u, &ui);
 			kiln_json *uo = kiln_json_add_object(us, NULL);
 			kiln_json_add_string(uo, "name", ui.name);
-			kiln_json_add_string(uo, "action", action_name(plan.actions[u]));
+			kiln_json_add_string(uo, "action", kiln_rt_action_name(plan.actions[u]));
 			kiln_json_add_u64(uo, "bytes", kiln_rt_unit_bytes(rt, q.layer, u, rows));
 		}
 		if (kiln_json_write(doc, stdout) == KILN_JSON_ENOMEM) {
@@ -777,7 +771,8 @@ int kilnc_select(int argc, char **argv)
 			kiln_rt_unit_info ui;
 			kiln_rt_unit_get(rt, q.layer, u, &ui);
 			printf("  %-3d %-28s %-10s %14" PRIu64 "\n", u,
-			       esc(ui.name, name, sizeof name), action_name(plan.actions[u]),
+			       esc(ui.name, name, sizeof name),
+			       kiln_rt_action_name(plan.actions[u]),
 			       kiln_rt_unit_bytes(rt, q.layer, u, rows));
 		}
 	}

@@ -163,21 +163,6 @@ static const char HELP_VIZ[] =
     "kiln's MLIR (each problem on stderr as PLAN:LINE:COL: error: MESSAGE);\n"
     "2 on a usage error (no -o, an extension other than .svg or .json).\n";
 
-/* s escaped for the terminal (kiln_text_escape) into buf of cap bytes. */
-static const char *shown(const char *s, char *buf, size_t cap)
-{
-	return kiln_text_escape(s, strlen(s), cap, buf);
-}
-
-/* "kilnc: error: " fmt, with arg (from the command line) escaped. */
-static void usage_error(const char *fmt, const char *arg)
-{
-	char buf[200];
-	fputs("kilnc: error: ", stderr);
-	fprintf(stderr, fmt, shown(arg, buf, sizeof buf));
-	fputs("\nTry 'kilnc --help'.\n", stderr);
-}
-
 static void print_usage(FILE *out)
 {
 	char passes[256] = "";
@@ -208,7 +193,7 @@ static int print_help(const char *cmd)
 	} else if (kilnc_help_blob(cmd) == 0) {
 		/* printed */
 	} else {
-		usage_error("no help for unknown command '%s'", cmd);
+		kilnc_usage_error("no help for unknown command '%s'", cmd);
 		return EXIT_USAGE;
 	}
 	return EXIT_OK;
@@ -223,96 +208,6 @@ typedef struct options {
 	bool json;
 	bool help;
 } options;
-
-int kilnc_option_value(const char *name, int argc, char **argv, int *i, const char **out)
-{
-	const char *a = argv[*i];
-	size_t n = strlen(name);
-	if (strncmp(a, name, n) != 0 || (a[n] != '\0' && a[n] != '='))
-		return 0;
-	const char *v = a[n] == '=' ? a + n + 1 : *i + 1 < argc ? argv[++*i] : NULL;
-	if (!v || !*v) {
-		usage_error("%s needs a value", name);
-		return EXIT_USAGE;
-	}
-	if (*out) {
-		usage_error("%s given twice", name);
-		return EXIT_USAGE;
-	}
-	*out = v;
-	return 1;
-}
-
-int kilnc_flag(const char *name, const char *arg, bool *flag)
-{
-	if (strcmp(arg, name) != 0)
-		return 0;
-	if (*flag) {
-		usage_error("%s given twice", name);
-		return EXIT_USAGE;
-	}
-	*flag = true;
-	return 1;
-}
-
-void kilnc_usage(const char *cmd, const char *fmt, ...)
-{
-	va_list ap;
-	fputs("kilnc: error: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "\nTry 'kilnc help %s'.\n", cmd);
-}
-
-int kilnc_arg_i64(const char *cmd, const char *opt, const char *v, int64_t lo, int64_t hi,
-                  int64_t *out)
-{
-	if (kiln_num_i64_parse(v, strlen(v), lo, hi, out) == KILN_NUM_OK)
-		return EXIT_OK;
-	char buf[200];
-	kilnc_usage(cmd, "%s: must be an integer from %" PRId64 " to %" PRId64 ", got '%s'", opt,
-	            lo, hi, shown(v, buf, sizeof buf));
-	return EXIT_USAGE;
-}
-
-int kilnc_arg_u64(const char *cmd, const char *opt, const char *v, uint64_t lo, uint64_t hi,
-                  uint64_t *out)
-{
-	if (kiln_num_u64_parse(v, strlen(v), lo, hi, out) == KILN_NUM_OK)
-		return EXIT_OK;
-	char buf[200];
-	kilnc_usage(cmd, "%s: must be an integer from %" PRIu64 " to %" PRIu64 ", got '%s'", opt,
-	            lo, hi, shown(v, buf, sizeof buf));
-	return EXIT_USAGE;
-}
-
-int kilnc_arg_f64(const char *cmd, const char *opt, const char *v, double lo, double hi,
-                  double *out)
-{
-	if (kiln_num_f64_parse(v, strlen(v), lo, hi, out) == KILN_NUM_OK)
-		return EXIT_OK;
-	char buf[200];
-	kilnc_usage(cmd, "%s: must be a decimal number from %.15g to %.15g, got '%s'", opt, lo, hi,
-	            shown(v, buf, sizeof buf));
-	return EXIT_USAGE;
-}
-
-int kilnc_arg_bytes(const char *cmd, const char *opt, const char *v, uint64_t hi, uint64_t *out)
-{
-	uint64_t b;
-	if (kiln_num_bytes_parse(v, strlen(v), &b) == KILN_NUM_OK && b <= hi) {
-		*out = b;
-		return EXIT_OK;
-	}
-	char buf[200];
-	kilnc_usage(cmd,
-	            "%s: must be a byte count from 0 to %" PRIu64 ": digits with an optional "
-	            "suffix K, M, G or T (powers of 1024; KiB, KB, ... alike; B for bytes), as in "
-	            "12G or 3500MiB; got '%s'",
-	            opt, hi, shown(v, buf, sizeof buf));
-	return EXIT_USAGE;
-}
 
 /* Parses the arguments after the command name. Returns 0 or EXIT_USAGE. */
 static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, bool allow_dump,
@@ -338,7 +233,8 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 			if (strcmp(out->solver, "dp") != 0 && strcmp(out->solver, "milp") != 0) {
-				usage_error("--solver must be dp or milp, got '%s'", out->solver);
+				kilnc_usage_error("--solver must be dp or milp, got '%s'",
+				                  out->solver);
 				return EXIT_USAGE;
 			}
 		} else if (allow_solver && strncmp(a, "--emit-", 7) == 0) {
@@ -351,17 +247,17 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 				return EXIT_USAGE;
 			if (m == 0) {
 				fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n",
-				        shown(a, eb, sizeof eb), cmd);
+				        kilnc_shown(a, eb, sizeof eb), cmd);
 				fprintf(stderr, "Try 'kilnc help %s'.\n", cmd);
 				return EXIT_USAGE;
 			}
 		} else if (allow_solver && strcmp(a, "-o") == 0) {
 			if (i + 1 >= argc || !*argv[i + 1]) {
-				usage_error("%s needs a file name", a);
+				kilnc_usage_error("%s needs a file name", a);
 				return EXIT_USAGE;
 			}
 			if (out->blob) {
-				usage_error("%s given twice", a);
+				kilnc_usage_error("%s given twice", a);
 				return EXIT_USAGE;
 			}
 			out->blob = argv[++i];
@@ -371,12 +267,12 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 				return EXIT_USAGE;
 			if (m == 0) {
 				fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n",
-				        shown(a, eb, sizeof eb), cmd);
+				        kilnc_shown(a, eb, sizeof eb), cmd);
 				return EXIT_USAGE;
 			}
 		} else if (a[0] == '-' && a[1] != '\0') {
 			fprintf(stderr, "kilnc: error: unknown option '%s' for '%s'\n",
-			        shown(a, eb, sizeof eb), cmd);
+			        kilnc_shown(a, eb, sizeof eb), cmd);
 			fprintf(stderr, "Try 'kilnc help %s'.\n", cmd);
 			return EXIT_USAGE;
 		} else if (!out->model) {
@@ -384,7 +280,8 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 		} else {
 			char eb2[200];
 			fprintf(stderr, "kilnc: error: '%s' takes one MODEL, got '%s' and '%s'\n",
-			        cmd, shown(out->model, eb, sizeof eb), shown(a, eb2, sizeof eb2));
+			        cmd, kilnc_shown(out->model, eb, sizeof eb),
+			        kilnc_shown(a, eb2, sizeof eb2));
 			return EXIT_USAGE;
 		}
 	}
@@ -394,8 +291,8 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 		       strcmp(kiln_pipeline_pass_name(i), out->dump_after) != 0)
 			i++;
 		if (i == kiln_pipeline_pass_count()) {
-			usage_error("--dump-after: no pass named '%s' (see kilnc --help)",
-			            out->dump_after);
+			kilnc_usage_error("--dump-after: no pass named '%s' (see kilnc --help)",
+			                  out->dump_after);
 			return EXIT_USAGE;
 		}
 	}
@@ -427,7 +324,7 @@ static int load_graph(const options *o, kiln_arena *a, kiln_ir_graph **out)
 		return EXIT_USAGE;
 	rc = kiln_pipeline_run(m, a, o->dump_after, stdout, stderr, out);
 	if (rc == -2) {
-		usage_error("--dump-after: no pass named '%s'", o->dump_after);
+		kilnc_usage_error("--dump-after: no pass named '%s'", o->dump_after);
 		return EXIT_USAGE;
 	}
 	if (rc != 0) {
@@ -456,29 +353,6 @@ static int write_json_stdout(const kiln_json *doc, int rc)
 		return EXIT_INPUT;
 	}
 	return rc;
-}
-
-int kilnc_check_outputs(const kiln_out_name *in, size_t n_in, const kiln_model *m,
-                        const kiln_out_name *out, size_t n_out)
-{
-	kiln_out_name all_in[8], all_out[8];
-	if (n_in + 1 > 8 || n_out + 1 > 8)
-		return EXIT_USAGE; /* not reached: commands have a few files */
-	for (size_t i = 0; i < n_in; i++)
-		all_in[i] = in[i];
-	/* A shipped or inline profile has no file ("<shipped:NAME>", the model). */
-	all_in[n_in++] = (kiln_out_name){
-	    "hardware profile", m && m->hw.source && m->hw.source[0] != '<' ? m->hw.source : NULL};
-	for (size_t j = 0; j < n_out; j++)
-		all_out[j] = out[j];
-	/* stdout redirected to a file is an output too (`> out.svg` beside
-	 * --emit-svg out.svg, `>> m.yaml`). */
-	struct stat st;
-	all_out[n_out++] = (kiln_out_name){
-	    "the standard output",
-	    fstat(STDOUT_FILENO, &st) == 0 && S_ISREG(st.st_mode) ? "/dev/stdout" : NULL};
-	return kiln_out_check("kilnc", all_in, n_in, all_out, n_out, stderr) == 0 ? EXIT_OK
-	                                                                          : EXIT_USAGE;
 }
 
 static int cmd_check(int argc, char **argv)
@@ -665,57 +539,6 @@ static int write_views(const options *o, const kiln_compilation *c, bool feasibl
 	return kiln_out_commit_all(out, n, stderr) == 0 ? EXIT_OK : EXIT_INPUT;
 }
 
-int kilnc_read_file(const char *path, off_t max_bytes, char **out, size_t *out_len)
-{
-	*out = NULL;
-	*out_len = 0;
-	/* O_NONBLOCK: a FIFO must not hang us before fstat refuses it. */
-	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-	if (fd < 0) {
-		fprintf(stderr, "kilnc: error: %s: cannot open: %s\n", path, strerror(errno));
-		return EXIT_INPUT;
-	}
-	struct stat st;
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-		fprintf(stderr, "kilnc: error: %s: not a regular file\n", path);
-		close(fd);
-		return EXIT_INPUT;
-	}
-	if (st.st_size > max_bytes) {
-		fprintf(stderr, "kilnc: error: %s: %lld bytes, over the limit of %lld\n", path,
-		        (long long)st.st_size, (long long)max_bytes);
-		close(fd);
-		return EXIT_INPUT;
-	}
-	size_t cap = (size_t)st.st_size, len = 0;
-	char *buf = malloc(cap + 1);
-	if (!buf) {
-		fprintf(stderr, "kilnc: error: out of memory reading %s\n", path);
-		close(fd);
-		return EXIT_INPUT;
-	}
-	while (len < cap) {
-		ssize_t k = read(fd, buf + len, cap - len);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k < 0) {
-			fprintf(stderr, "kilnc: error: %s: cannot read: %s\n", path,
-			        strerror(errno));
-			free(buf);
-			close(fd);
-			return EXIT_INPUT;
-		}
-		if (k == 0)
-			break;
-		len += (size_t)k;
-	}
-	close(fd);
-	buf[len] = '\0';
-	*out = buf;
-	*out_len = len;
-	return EXIT_OK;
-}
-
 static bool has_suffix(const char *s, const char *suffix)
 {
 	size_t n = strlen(s), k = strlen(suffix);
@@ -775,11 +598,11 @@ static int cmd_viz(int argc, char **argv)
 			help = true;
 		} else if (strcmp(a, "-o") == 0) {
 			if (i + 1 >= argc || !*argv[i + 1]) {
-				usage_error("%s needs a file name", a);
+				kilnc_usage_error("%s needs a file name", a);
 				return EXIT_USAGE;
 			}
 			if (out) {
-				usage_error("%s given twice", a);
+				kilnc_usage_error("%s given twice", a);
 				return EXIT_USAGE;
 			}
 			out = argv[++i];
@@ -788,7 +611,7 @@ static int cmd_viz(int argc, char **argv)
 				return EXIT_USAGE;
 		} else if (a[0] == '-' && a[1] != '\0') {
 			fprintf(stderr, "kilnc: error: unknown option '%s' for 'viz'\n",
-			        shown(a, eb, sizeof eb));
+			        kilnc_shown(a, eb, sizeof eb));
 			fprintf(stderr, "Try 'kilnc help viz'.\n");
 			return EXIT_USAGE;
 		} else if (!plan) {
@@ -796,7 +619,7 @@ static int cmd_viz(int argc, char **argv)
 		} else {
 			char eb2[200];
 			fprintf(stderr, "kilnc: error: 'viz' takes one PLAN, got '%s' and '%s'\n",
-			        shown(plan, eb, sizeof eb), shown(a, eb2, sizeof eb2));
+			        kilnc_shown(plan, eb, sizeof eb), kilnc_shown(a, eb2, sizeof eb2));
 			return EXIT_USAGE;
 		}
 	}
@@ -808,20 +631,22 @@ static int cmd_viz(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	if (!out) {
-		usage_error("'viz' needs -o OUT.svg or -o OUT.json (%s)", plan);
+		kilnc_usage_error("'viz' needs -o OUT.svg or -o OUT.json (%s)", plan);
 		return EXIT_USAGE;
 	}
 	view_fn fn = has_suffix(out, ".svg") ? view_svg : has_suffix(out, ".json") ? view_trace : NULL;
 	if (!fn) {
-		usage_error("-o %s: the output must end in .svg (SVG timeline) or .json (Chrome trace)",
-		            out);
+		kilnc_usage_error(
+		    "-o %s: the output must end in .svg (SVG timeline) or .json (Chrome trace)",
+		    out);
 		return EXIT_USAGE;
 	}
 	if (has_suffix(plan, ".kiln")) {
-		usage_error("%s: a plan blob keeps task order, not times, so viz cannot draw it; use "
-		            "the MLIR of kilnc compile --emit-mlir (kilnc inspect --templates lists "
-		            "a blob's templates)",
-		            plan);
+		kilnc_usage_error(
+		    "%s: a plan blob keeps task order, not times, so viz cannot draw it; use "
+		    "the MLIR of kilnc compile --emit-mlir (kilnc inspect --templates lists "
+		    "a blob's templates)",
+		    plan);
 		return EXIT_USAGE;
 	}
 	const kiln_out_name in = {"PLAN", plan}, outn = {"-o", out};
@@ -893,7 +718,7 @@ static int cmd_compile(int argc, char **argv)
 	c.progress = isatty(2) ? stderr : NULL;
 	rc = kiln_pipeline_compile(&c, NULL, o.dump_after, stdout, stderr);
 	if (rc == -2) {
-		usage_error("--dump-after: no pass named '%s'", o.dump_after);
+		kilnc_usage_error("--dump-after: no pass named '%s'", o.dump_after);
 		rc = EXIT_USAGE;
 	} else if (rc == -3) {
 		rc = EXIT_INPUT; /* over the cost bound, reported */
@@ -929,7 +754,7 @@ int main(int argc, char **argv)
 	if ((help || version) && argc > 2) {
 		char buf[200];
 		fprintf(stderr, "kilnc: error: '%s' takes no arguments, got '%s'%s\n", cmd,
-		        shown(argv[2], buf, sizeof buf),
+		        kilnc_shown(argv[2], buf, sizeof buf),
 		        help ? " (one command's help: kilnc help COMMAND)" : "");
 		fputs("Try 'kilnc --help'.\n", stderr);
 		return EXIT_USAGE;
@@ -942,7 +767,7 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(cmd, "help") == 0) {
 		if (argc > 3) {
-			usage_error("'help' takes at most one COMMAND, got '%s'", argv[3]);
+			kilnc_usage_error("'help' takes at most one COMMAND, got '%s'", argv[3]);
 			return EXIT_USAGE;
 		}
 		return finish_output(print_help(argc > 2 ? argv[2] : NULL));
@@ -964,8 +789,8 @@ int main(int argc, char **argv)
 	if (strcmp(cmd, "select") == 0)
 		return finish_output(kilnc_select(argc - 2, argv + 2));
 	if (cmd[0] == '-')
-		usage_error("unknown option '%s'", cmd);
+		kilnc_usage_error("unknown option '%s'", cmd);
 	else
-		usage_error("unknown command '%s'", cmd);
+		kilnc_usage_error("unknown command '%s'", cmd);
 	return EXIT_USAGE;
 }

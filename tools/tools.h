@@ -12,19 +12,25 @@
 /* Exit status (docs/cli.md). */
 enum { KILNC_EXIT_OK = 0, KILNC_EXIT_INPUT = 1, KILNC_EXIT_USAGE = 2, KILNC_EXIT_INFEASIBLE = 3 };
 
-/* kilnc.c: matches "--NAME V" and "--NAME=V" at argv[*i]; sets *out
+/* args.c: matches "--NAME V" and "--NAME=V" at argv[*i]; sets *out
  * (advancing *i past V). Returns 1 when matched, 0 when not, and
  * KILNC_EXIT_USAGE (reported on stderr) when V is missing or empty or NAME
  * was given before. */
 int kilnc_option_value(const char *name, int argc, char **argv, int *i, const char **out);
-/* kilnc.c: matches the flag NAME at arg and sets *flag. Returns 1 when
+/* args.c: matches the flag NAME at arg and sets *flag. Returns 1 when
  * matched, 0 when not, and KILNC_EXIT_USAGE (reported) when *flag was set
  * already: every option of kilnc is given at most once (docs/cli.md). */
 int kilnc_flag(const char *name, const char *arg, bool *flag);
-/* kilnc.c: "kilnc: error: MESSAGE" and "Try 'kilnc help CMD'." on stderr. */
+/* args.c: "kilnc: error: MESSAGE" and "Try 'kilnc help CMD'." on stderr. */
 void kilnc_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* args.c: "kilnc: error: " fmt with its one %s, arg (from the command line,
+ * borrowed) escaped, then "Try 'kilnc --help'." on stderr. */
+void kilnc_usage_error(const char *fmt, const char *arg);
+/* args.c: s (borrowed) escaped for the terminal (kiln_text_escape) into buf
+ * of cap bytes; returns buf. */
+const char *kilnc_shown(const char *s, char *buf, size_t cap);
 
-/* kilnc.c: the value v of option opt of command cmd, read by the rules of
+/* args.c: the value v of option opt of command cmd, read by the rules of
  * docs/cli.md, "Numbers" (kiln_num_*_parse in ir/ir.h). Each sets *out and
  * returns 0, or reports "kilnc: error: OPT: must be ... from LO to HI, got
  * 'V'" and returns KILNC_EXIT_USAGE. Bounds are inclusive; a byte count's
@@ -46,7 +52,7 @@ struct kiln_rt;
 int kilnc_blob_load(const char *path, unsigned char **out_bytes, size_t *out_len,
                     struct kiln_rt **out);
 
-/* kilnc.c: the output rule's check (tools/output.h) of a command's outputs
+/* args.c: the output rule's check (tools/output.h) of a command's outputs
  * against its inputs and, once the description is loaded (m not NULL), the
  * hardware profile it names by path. Returns 0, or KILNC_EXIT_USAGE after
  * reporting. Commands call it before the description is read, so that
@@ -56,7 +62,7 @@ struct kiln_model;
 int kilnc_check_outputs(const kiln_out_name *in, size_t n_in, const struct kiln_model *m,
                         const kiln_out_name *out, size_t n_out);
 
-/* kilnc.c: reads the regular file at path, of at most max_bytes, into a
+/* args.c: reads the regular file at path, of at most max_bytes, into a
  * malloc'd, NUL-terminated buffer (*out, the caller frees; *out_len bytes).
  * Returns 0, or KILNC_EXIT_INPUT after reporting "kilnc: error: PATH:
  * REASON" (missing, not a regular file (a FIFO is never waited on), too

@@ -86,7 +86,6 @@ static const char *flag_names(uint32_t flags)
  * "recompute a, b; offload c, d". */
 static void print_actions(const sim *s, int32_t li, const kiln_plan *p)
 {
-	static const char *const verb[] = {"keep", "recompute", "offload"};
 	int n = 0;
 	printf("     ");
 	for (int a = KILN_RT_RECOMPUTE; a <= KILN_RT_OFFLOAD; a++) {
@@ -97,7 +96,7 @@ static void print_actions(const sim *s, int32_t li, const kiln_plan *p)
 			    kiln_rt_unit_get(s->rt, s->layers[li], u, &ui) != 0)
 				continue;
 			if (first)
-				printf("%s %s ", n ? ";" : "", verb[a]);
+				printf("%s %s ", n ? ";" : "", kiln_rt_action_name(a));
 			else
 				printf(", ");
 			printf("%s", ui.name);

@@ -78,6 +78,11 @@ void kiln_rt_set_allocator(void *(*alloc)(size_t bytes), void (*release)(void *p
 
 typedef enum { KILN_RT_KEEP = 0, KILN_RT_RECOMPUTE = 1, KILN_RT_OFFLOAD = 2 } kiln_rt_action;
 
+/* The name of action a ("keep", "recompute", "offload"): a static string,
+ * "?" for a value that is no kiln_rt_action. The one table of action names
+ * in C: the compiler's dumps and reports, kilnc and the examples print it. */
+const char *kiln_rt_action_name(int a);
+
 enum {
 	KILN_RT_UNIT_LAYER_INPUT = 1u << 0, /* never recomputed */
 	KILN_RT_UNIT_COLLECTIVE = 1u << 1,  /* recompute re-runs a collective */

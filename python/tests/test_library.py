@@ -24,3 +24,17 @@ def test_strerror_matches_the_header():
     lib.kiln_rt_strerror.argtypes = [ctypes.c_int]
     for name, code, msg in header_errors():
         assert lib.kiln_rt_strerror(code).decode() == msg, name
+
+
+def test_action_names_are_the_runtimes():
+    """kiln.runtime.ACTIONS, the package's names, are the runtime's one C
+    table (kiln_rt_action_name), indexed by kiln_rt_action; "?" outside it."""
+    from kiln import runtime
+
+    lib = ctypes.CDLL(os.environ["KILN_RT_LIBRARY"])
+    lib.kiln_rt_action_name.restype = ctypes.c_char_p
+    lib.kiln_rt_action_name.argtypes = [ctypes.c_int]
+    for code in (runtime.KEEP, runtime.RECOMPUTE, runtime.OFFLOAD):
+        assert lib.kiln_rt_action_name(code).decode() == runtime.ACTIONS[code]
+    assert lib.kiln_rt_action_name(-1).decode() == "?"
+    assert lib.kiln_rt_action_name(len(runtime.ACTIONS)).decode() == "?"

@@ -1,0 +1,80 @@
+/* tests/test_layering.c: the tree's layering rules (docs/passes.md,
+ * "Layering"): no file-level dependency cycle among the C files
+ * (scripts/file_cycles.py over this build's objects), and the one table of
+ * action names (kiln_rt_action_name).
+ */
+#include <criterion/criterion.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kiln/runtime.h"
+#include "kiln_test.h"
+
+/* The build folder this test binary was built in: the kilnc beside it. */
+static const char *build_dir(void)
+{
+	static char buf[4096];
+	snprintf(buf, sizeof buf, "%s", KILN_KILNC);
+	return dirname(buf);
+}
+
+Test(layering, no_file_cycles_in_this_build)
+{
+	const char *b = build_dir();
+	char *out = NULL;
+	int rc = kt_sh(&out,
+	               "python3 '%s' '%s/CMakeFiles/kiln_compiler.dir' '%s/CMakeFiles/kilnc.dir' "
+	               "'%s/CMakeFiles/kiln_rt_objects.dir' '%s/CMakeFiles/kiln_output.dir'",
+	               kt_src("scripts/file_cycles.py"), b, b, b, b);
+	cr_assert_eq(rc, 0, "scripts/file_cycles.py found a cycle:\n%s", out);
+	/* It looked at the real tree: the compiler, the driver and the runtime. */
+	cr_assert(strstr(out, " files, ") != NULL, "%s", out);
+	free(out);
+}
+
+/* Two files that call each other are a cycle; a third that only calls one
+ * of them is not part of it. The check must say so and fail. */
+Test(layering, a_cycle_fails_the_check)
+{
+	char dir[] = "/tmp/kiln_cycles_XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char *out = NULL;
+	int rc = kt_sh(&out,
+	               "set -e; cd '%s'; mkdir -p t.dir/x x;"
+	               "printf 'int b(int);\\nint a(int x){return x ? b(x - 1) : 0;}\\n' > x/a.c;"
+	               "printf 'int a(int);\\nint b(int x){return x ? a(x - 1) : 1;}\\n' > x/b.c;"
+	               "printf 'int a(int);\\nint c(void){return a(3);}\\n' > x/c.c;"
+	               "for f in a b c; do cc -c x/$f.c -o t.dir/x/$f.c.o; done;"
+	               "python3 '%s' '%s'",
+	               dir, kt_src("scripts/file_cycles.py"), dir);
+	cr_assert_eq(rc, 1, "rc %d:\n%s", rc, out);
+	cr_assert(strstr(out, "NEW cycle: x/a.c, x/b.c\n") != NULL, "%s", out);
+	cr_assert(strstr(out, "x/a.c -> x/b.c: b") != NULL, "%s", out);
+	cr_assert(strstr(out, "x/c.c") == NULL, "c.c is in no cycle:\n%s", out);
+	free(out);
+	kt_sh(NULL, "rm -rf '%s'", dir);
+}
+
+/* Nothing to look at is not a pass. */
+Test(layering, no_objects_is_an_error)
+{
+	char dir[] = "/tmp/kiln_cycles_XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	int rc = kt_sh(NULL, "python3 '%s' '%s'", kt_src("scripts/file_cycles.py"), dir);
+	cr_assert_eq(rc, 2);
+	rmdir(dir);
+}
+
+/* The names are the contract of kilnc's JSON and docs/cli.md ("keep",
+ * "recompute", "offload"), written here independently of the table. */
+Test(layering, action_names)
+{
+	cr_assert_str_eq(kiln_rt_action_name(KILN_RT_KEEP), "keep");
+	cr_assert_str_eq(kiln_rt_action_name(KILN_RT_RECOMPUTE), "recompute");
+	cr_assert_str_eq(kiln_rt_action_name(KILN_RT_OFFLOAD), "offload");
+	cr_assert_str_eq(kiln_rt_action_name(3), "?");
+	cr_assert_str_eq(kiln_rt_action_name(-1), "?");
+}
