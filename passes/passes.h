@@ -125,6 +125,42 @@ int kiln_pass_baselines(kiln_compilation *c);
 size_t kiln_pipeline_pass_count(void);
 const char *kiln_pipeline_pass_name(size_t i);
 
+/* The parts of a kiln_compilation that passes read and write, one bit each
+ * (docs/passes.md): model (the input), graph, sets (and n_sets), buckets
+ * (and n_buckets), tables, pool, schedule, budgets, baselines. */
+enum {
+	KILN_PART_MODEL = 1u << 0,
+	KILN_PART_GRAPH = 1u << 1,
+	KILN_PART_SETS = 1u << 2,
+	KILN_PART_BUCKETS = 1u << 3,
+	KILN_PART_TABLES = 1u << 4,
+	KILN_PART_POOL = 1u << 5,
+	KILN_PART_SCHEDULE = 1u << 6,
+	KILN_PART_BUDGETS = 1u << 7,
+	KILN_PART_BASELINES = 1u << 8,
+	KILN_PART_COUNT = 9,
+	KILN_PART_ALL = (1u << 9) - 1
+};
+
+/* One row of the pass table: the pass's name, the parts it reads, creates
+ * (absent before it, present after) and updates in place (present before,
+ * the same pointer after, contents changed), and a line on what it does. */
+typedef struct kiln_pass_info {
+	const char *name;
+	uint32_t reads, creates, updates;
+	const char *does;
+} kiln_pass_info;
+
+/* Row i of the pass table, in run order; NULL past the end. Static. */
+const kiln_pass_info *kiln_pipeline_pass(size_t i);
+/* The name of one part bit ("graph", ...); "?" for anything else. */
+const char *kiln_pipeline_part_name(uint32_t part);
+/* Checks an order of passes (p[0..n), borrowed): every part a pass reads or
+ * updates is the model or created by an earlier pass, and no pass creates a
+ * part that exists. kiln_pipeline_compile checks its own table with it.
+ * Returns 0, or -1 with one line per violation on err (may be NULL). */
+int kiln_pipeline_order_check(const kiln_pass_info *const *p, size_t n, FILE *err);
+
 /* activations.c */
 
 /* Unit flags. */
@@ -503,6 +539,25 @@ int kiln_adapipe_partition(kiln_adapipe *x, kiln_arena *a, kiln_adapipe_split *o
  * (kiln_pipeline_compile's errors on err). */
 int kiln_adapipe_compile(const kiln_compilation *c, kiln_arena *a3, kiln_model *m3,
                          kiln_adapipe_split *split, kiln_compilation *c3, bool *c3_used, FILE *err);
+
+/* verify.c */
+
+/* The plan-table verifier, run by kiln_pipeline_compile after every pass
+ * beside kiln_ir_graph_verify, on whatever c holds by then
+ * (docs/passes.md, "The verifier"): every frontier's savings ascend
+ * strictly from keep-all; every table's points
+ * ascend through its frontier from keep-all, and once scheduled (interleave)
+ * save strictly more exact bytes and cost no less scheduled time each; every
+ * table point's plan is in the pool, of its set's units, the actions of its
+ * frontier point and its bytes the plan's; every plan (pooled, table,
+ * baseline) is one kiln_action per unit, recomputes no layer input and
+ * passes source tracking, and an adaptive table's recomputes no collective
+ * nor offloads under no_offload; every template holds exactly its plan's
+ * offloads, reloads and recomputes and is a valid schedule
+ * (kiln_schedule_verify), and every stage timeline names a template of its
+ * stage. Returns 0, or -1 with one line per violation on err (may be NULL;
+ * the first 20, then a count). */
+int kiln_plan_verify(const kiln_compilation *c, FILE *err);
 
 /* interleave.c: the scheduler's interface, in passes/schedule.h (the one
  * way every pass, view and the simulator gets a schedule). */
