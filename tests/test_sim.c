@@ -122,9 +122,15 @@ Test(sim, nothing_beats_unbounded_and_no_failure_free_policy_is_slower_than_full
 				 * pays serially for plans chosen for overlap, and can
 				 * fall below full recompute (docs/simulator.md). */
 				/* A step the paged stash runs twice is a failure
-				 * of its own kind (reruns). */
+				 * of its own kind (reruns). The stash is not held to
+				 * it either way: its copy kernels hold their SMs for
+				 * the whole copy (docs/simulator.md), so where its
+				 * copies' HBM time exceeds what recomputing the same
+				 * tensors takes, stashing is slower than full
+				 * recompute (tiny under hot-rank: 0.951x). */
 				if (r[k].ooms == 0 && r[k].reruns == 0 &&
-				    k < KILN_SIM_KILN_NO_OFFLOAD)
+				    k < KILN_SIM_KILN_NO_OFFLOAD &&
+				    k != KILN_SIM_MEGATRON_PAGED_STASH)
 					cr_assert_geq(
 					    r[k].tokens_per_s, full->tokens_per_s * (1 - 1e-9),
 					    "%s %s: %s is slower than full-recompute without "
