@@ -73,6 +73,7 @@ static void run_on_tty(const char *const *args, const char *until, size_t times,
 		dup2(null, 1);
 		dup2(null, 0);
 		close(master);
+		signal(SIGTERM, SIG_DFL); /* exec keeps an ignored signal ignored */
 		execv(argv[0], (char *const *)argv);
 		_exit(127);
 	}
