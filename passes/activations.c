@@ -196,6 +196,14 @@ static int build_set(const kiln_ir_graph *g, int32_t s, int32_t rep, int32_t cou
 	return 0;
 }
 
+int32_t kiln_set_of_layer(const kiln_unit_set *sets, int32_t n_sets, const kiln_ir_layer *ly)
+{
+	for (int32_t i = 0; i < n_sets; i++)
+		if (sets[i].stage == ly->stage && sets[i].kind == ly->kind)
+			return i;
+	return -1;
+}
+
 int kiln_pass_activations(const kiln_ir_graph *g, kiln_arena *a, kiln_unit_set **out_sets,
                           int32_t *out_n)
 {

@@ -174,11 +174,7 @@ bool kiln_megatron_in_block(const kiln_ir_graph *g, int32_t l, int32_t block_lay
 /* The unit set of graph layer l (its stage's set of its kind), or -1. */
 static int32_t set_of_layer(const kiln_compilation *c, int32_t l)
 {
-	const kiln_ir_layer *ly = &c->graph->layers[l];
-	for (int32_t i = 0; i < c->n_sets; i++)
-		if (c->sets[i].stage == ly->stage && c->sets[i].kind == ly->kind)
-			return i;
-	return -1;
+	return kiln_set_of_layer(c->sets, c->n_sets, &c->graph->layers[l]);
 }
 
 /* Megatron skips offloading tensors below min_offloaded_tensor_size
@@ -504,6 +500,18 @@ typedef struct group {
 	double bytes;
 } group;
 
+/* Turns off the last group of each module name (the margin, and
+ * should_bulk_offload's rule). */
+static void keep_last_of_each_module(const group *gs, int32_t ng, uint8_t *off)
+{
+	for (int k = 0; k < KILN_MOF_COUNT; k++)
+		for (int32_t g = ng - 1; g >= 0; g--)
+			if (gs[g].bit == kiln_megatron_group_order[k]) {
+				off[g] = 0;
+				break;
+			}
+}
+
 /* One handler's groups left on (off[g] 0 when turned off). first: the
  * first handler (the margin); *keep: the delta's bytes still to keep,
  * consumed; last_rule: should_bulk_offload's run-time rule. */
@@ -512,13 +520,9 @@ static void handler_flags(const group *gs, int32_t ng, bool first, double *keep,
 {
 	for (int32_t g = 0; g < ng; g++)
 		off[g] = 1;
-	for (int k = 0; first && k < KILN_MOF_COUNT; k++)
-		for (int32_t g = ng - 1; g >= 0; g--)
-			if (gs[g].bit == kiln_megatron_group_order[k]) {
-				off[g] = 0;
-				break;
-			}
-	for (int32_t g = 0; g<ng && * keep> 0; g++)
+	if (first)
+		keep_last_of_each_module(gs, ng, off);
+	for (int32_t g = 0; *keep > 0 && g < ng; g++)
 		if (off[g]) {
 			*keep -= gs[g].bytes;
 			off[g] = 0;
@@ -533,12 +537,8 @@ static void handler_flags(const group *gs, int32_t ng, bool first, double *keep,
 			off[g] = 0;
 			disabled--;
 		}
-	for (int k = 0; last_rule && k < KILN_MOF_COUNT; k++)
-		for (int32_t g = ng - 1; g >= 0; g--)
-			if (gs[g].bit == kiln_megatron_group_order[k]) {
-				off[g] = 0;
-				break;
-			}
+	if (last_rule)
+		keep_last_of_each_module(gs, ng, off);
 }
 
 static void runs_add(stage_runs *rs, const group *gs, int32_t ng, const uint8_t *off, int64_t end)

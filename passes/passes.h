@@ -205,6 +205,10 @@ struct kiln_unit_set {
 int kiln_pass_activations(const kiln_ir_graph *g, kiln_arena *a, kiln_unit_set **out_sets,
                           int32_t *out_n);
 
+/* The unit set of layer ly among sets (its stage's set of its kind), or
+ * -1 when it has none. */
+int32_t kiln_set_of_layer(const kiln_unit_set *sets, int32_t n_sets, const kiln_ir_layer *ly);
+
 /* options.c */
 
 typedef struct kiln_option_flags {

@@ -245,6 +245,11 @@ static uint64_t u64_sat(double x)
 	return x < 0x1p64 ? (uint64_t)x : UINT64_MAX;
 }
 
+double kiln_sim_whole_rows(double n)
+{
+	return ceil(n - 1e-9);
+}
+
 static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
 {
 	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
@@ -408,10 +413,7 @@ static int groups_prepare(kiln_sim_policy *p, const int32_t *n_runs, int64_t *co
 		const kiln_ir_layer *ly = &g->layers[l];
 		if (!layer_actions[l] || ly->index < 0)
 			continue;
-		int32_t set = -1;
-		for (int32_t i = 0; i < c->n_sets; i++)
-			if (c->sets[i].stage == ly->stage && c->sets[i].kind == ly->kind)
-				set = i;
+		int32_t set = kiln_set_of_layer(c->sets, c->n_sets, ly);
 		int32_t nr = n_runs[ly->stage];
 		if (set < 0 || nr <= 0)
 			continue;
@@ -860,7 +862,7 @@ double kiln_sim_stash_padded_rows(const kiln_sim_stash *st, double rows)
 	if (!(rows > 0))
 		return 0;
 	double e = st->experts > 0 ? st->experts : 1, al = st->flags.align_rows;
-	double n = ceil(rows - 1e-9);
+	double n = kiln_sim_whole_rows(rows);
 	double q = floor(n / e), r = n - q * e;
 	if (!(al > 1))
 		return n;
@@ -878,7 +880,7 @@ double kiln_sim_stash_padded_rows_of(const kiln_sim_stash *st, double rows, cons
 	 * remainders (ties to the lower expert) until they add up. */
 	double al = st->flags.align_rows > 1 ? st->flags.align_rows : 1, sum = 0;
 	int32_t e = st->experts > 0 ? st->experts : 1;
-	double n = ceil(rows - 1e-9), given = 0;
+	double n = kiln_sim_whole_rows(rows), given = 0;
 	double nj[KILN_SIM_STASH_MAX_EXPERTS], rem[KILN_SIM_STASH_MAX_EXPERTS];
 	if (e > KILN_SIM_STASH_MAX_EXPERTS)
 		return kiln_sim_stash_padded_rows(st, rows);
@@ -1529,7 +1531,7 @@ void kiln_sim_policy_decide_group(const kiln_sim_policy *p, int32_t set, int32_t
 	}
 	kiln_query q = {.stage = S->stage,
 	                .layer = layer,
-	                .total_rows = u64_sat(ceil(n - 1e-9)),
+	                .total_rows = u64_sat(kiln_sim_whole_rows(n)),
 	                .free_bytes = u64_sat(free_bytes),
 	                .pending = pending,
 	                .microbatch = microbatch,

@@ -162,9 +162,8 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 			li->chunk = L->chunk;
 			li->set = -1;
 			li->moe_index = -1;
-			for (int32_t k = 0; k < c->n_sets && L->index >= 0; k++)
-				if (c->sets[k].stage == s && c->sets[k].kind == L->kind)
-					li->set = k;
+			if (L->index >= 0)
+				li->set = kiln_set_of_layer(c->sets, c->n_sets, L);
 			li->n_bal = L->kind == KILN_LAYER_MOE ? L->n_balanced : 0;
 			li->n_max = li->n_bal * cap;
 			for (int k = 0; k < GRID; k++) {
@@ -815,11 +814,10 @@ static void sample_share(run *r, int32_t t, int64_t it, int32_t g, double *exper
 			 * than routing can send it (docs/simulator.md, "Traces"). */
 			for (int32_t x = 0; x < w->ep; x++)
 				v[x] = v[x] >= 0 ? (v[x] < w->r_max ? v[x] : w->r_max) : 0;
-			/* Each rank's rows as its own query counts them
-			 * (kiln_sim_policy_decide: ceil(n - 1e-9)). */
+			/* Each rank's rows as its own query counts them. */
 			uint32_t *gr = &r->group_rows[((size_t)i * w->n_moe + k) * w->ep];
 			for (int32_t x = 0; x < w->ep; x++) {
-				double n = ceil(v[x] * w->moe_nbal[k] - 1e-9);
+				double n = kiln_sim_whole_rows(v[x] * w->moe_nbal[k]);
 				gr[x] = n > 0 ? (n < 4294967295.0 ? (uint32_t)n : UINT32_MAX) : 0;
 			}
 		}

@@ -501,6 +501,10 @@ const kiln_sim_policy *kiln_sim_policy_rerun(const kiln_sim_policy *p);
  * balanced rows whatever the load (moe_utils.py:1019-1077,
  * apply_capacity with pad_to_capacity); n for every other policy. */
 double kiln_sim_policy_rows(const kiln_sim_policy *p, int32_t set, double n);
+/* A rank's n routed rows (a load factor times the balanced rows) as the
+ * whole rows a query and a stash count: ceil(n - 1e-9), the margin taking
+ * up the product's rounding. */
+double kiln_sim_whole_rows(double n);
 /* megatron's and megatron-capacity's recipe as Megatron command-line
  * flags (policy-owned); NULL for every other policy. */
 const char *kiln_sim_policy_flags(const kiln_sim_policy *p);
