@@ -35,6 +35,7 @@ void kiln_json_add_u64(kiln_json *parent, const char *key, uint64_t v);
 void kiln_json_add_i64(kiln_json *parent, const char *key, int64_t v);
 void kiln_json_add_string(kiln_json *parent, const char *key, const char *v);
 void kiln_json_add_bool(kiln_json *parent, const char *key, bool v);
+void kiln_json_add_null(kiln_json *parent, const char *key);
 /* Writes the document, pretty-printed, with a trailing newline. Returns 0,
  * KILN_JSON_ENOMEM when building or printing the document ran out of
  * memory (nothing written), or KILN_JSON_EWRITE when a write to out failed

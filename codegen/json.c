@@ -124,6 +124,11 @@ void kiln_json_add_bool(kiln_json *parent, const char *key, bool v)
 	attach(parent, key, parent ? cJSON_CreateBool(v) : NULL);
 }
 
+void kiln_json_add_null(kiln_json *parent, const char *key)
+{
+	attach(parent, key, parent ? cJSON_CreateNull() : NULL);
+}
+
 static bool has_failure(const cJSON *node)
 {
 	for (const cJSON *c = node ? node->child : NULL; c; c = c->next) {

@@ -457,3 +457,27 @@ int32_t kiln_rt_template_count(const kiln_rt *rt)
 {
 	return rt ? (int32_t)rt->count[KILN_SEC_TEMPLATES] : 0;
 }
+
+int kiln_rt_group_get(const kiln_rt *rt, int32_t model_layer, kiln_rt_group_info *out)
+{
+	if (!out)
+		return KILN_RT_EINVAL;
+	const kiln_blob_layer *L = layer_of(rt, model_layer);
+	if (!L)
+		return rt ? KILN_RT_ERANGE : KILN_RT_EINVAL;
+	*out = (kiln_rt_group_info){.plan = -1};
+	const kiln_blob_group *g = rt->groups ? &rt->groups[L->set] : NULL;
+	if (!g || g->plan == UINT32_MAX)
+		return 0;
+	*out = (kiln_rt_group_info){.plan = (int32_t)g->plan,
+	                            .fit_rows = g->fit_rows,
+	                            .resident_base_bytes = g->resident_base_bytes,
+	                            .resident_per_row_bytes = g->resident_per_row_bytes,
+	                            .saved_base_bytes = g->saved_base_bytes,
+	                            .saved_per_row_bytes = g->saved_per_row_bytes,
+	                            .transient_base_bytes = g->transient_base_bytes,
+	                            .transient_per_row_bytes = g->transient_per_row_bytes,
+	                            .exposed_base_us = g->exposed_base_us,
+	                            .exposed_per_row_us = g->exposed_per_row_us};
+	return 0;
+}

@@ -13,6 +13,7 @@
  * out-of-memory counts measured by the simulator on a heavy-tailed trace.
  */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,28 @@ static kiln_blob_section section(const unsigned char *b, int id)
 	kiln_blob_section s;
 	memcpy(&s, b + sizeof(kiln_blob_header) + (size_t)id * sizeof s, sizeof s);
 	return s;
+}
+
+/* The fixture's blob as a 1.0 blob: the same bytes up to GROUPS, the
+ * header re-labelled and its GROUPS entry cleared. */
+static unsigned char *as_1_0(const fixture *f, size_t *out_len)
+{
+	kiln_blob_section gs = section(f->blob, KILN_SEC_GROUPS);
+	size_t len = (size_t)gs.offset;
+	unsigned char *b = malloc(len);
+	cr_assert_not_null(b);
+	memcpy(b, f->blob, len);
+	kiln_blob_header h;
+	memcpy(&h, b, sizeof h);
+	h.minor = 0;
+	h.n_sections = KILN_SEC_GROUPS;
+	h.file_bytes = len;
+	memcpy(b, &h, sizeof h);
+	memset(b + sizeof h + KILN_SEC_GROUPS * sizeof(kiln_blob_section), 0,
+	       sizeof(kiln_blob_section));
+	fix_crc(b, len);
+	*out_len = len;
+	return b;
 }
 
 /* The rule's threshold from the public getters: the largest rows of the
@@ -426,19 +449,8 @@ Test(group, a_1_0_blob_opens_and_ignores_the_counts)
 {
 	fixture f;
 	setup_tiny16(&f);
-	kiln_blob_section gs = section(f.blob, KILN_SEC_GROUPS);
-	size_t len = (size_t)gs.offset;
-	unsigned char *b = malloc(len);
-	memcpy(b, f.blob, len);
-	kiln_blob_header h;
-	memcpy(&h, b, sizeof h);
-	h.minor = 0;
-	h.n_sections = KILN_SEC_GROUPS;
-	h.file_bytes = len;
-	memcpy(b, &h, sizeof h);
-	memset(b + sizeof h + KILN_SEC_GROUPS * sizeof(kiln_blob_section), 0,
-	       sizeof(kiln_blob_section));
-	fix_crc(b, len);
+	size_t len;
+	unsigned char *b = as_1_0(&f, &len);
 	kiln_rt *rt = NULL;
 	cr_assert_eq(kiln_rt_open(b, len, &rt), 0);
 	kiln_rt_info info;
@@ -455,6 +467,108 @@ Test(group, a_1_0_blob_opens_and_ignores_the_counts)
 	with.group_max_rows = 0;
 	cr_assert(memcmp(&alone, &with, sizeof alone) == 0);
 	kiln_rt_close(rt);
+	free(b);
+	teardown(&f);
+}
+
+/* kiln_rt_group_get and `kilnc inspect` show each layer's GROUPS record as
+ * the blob holds it: the expected values are the raw records, read from the
+ * section table by hand; a 1.0 blob's layers and a dense layer have none. */
+Test(group, the_getter_and_inspect_show_the_records)
+{
+	fixture f;
+	setup_tiny16(&f);
+	kiln_blob_section gs = section(f.blob, KILN_SEC_GROUPS);
+	int32_t moe_layer = -1;
+	for (int32_t l = 0; l < (int32_t)f.c.model->layers; l++) {
+		int32_t k = set_of(&f.c, l);
+		cr_assert_geq(k, 0);
+		kiln_blob_group g;
+		memcpy(&g, f.blob + gs.offset + (size_t)k * sizeof g, sizeof g);
+		kiln_rt_group_info gi;
+		cr_assert_eq(kiln_rt_group_get(f.rt, l, &gi), 0);
+		if (g.plan == UINT32_MAX) {
+			cr_assert_eq(f.c.sets[k].kind, KILN_LAYER_DENSE, "layer %d", l);
+			cr_assert_eq(gi.plan, -1);
+			cr_assert_eq(gi.fit_rows, 0);
+			cr_assert_eq(gi.resident_base_bytes, 0);
+			continue;
+		}
+		moe_layer = moe_layer < 0 ? l : moe_layer;
+		cr_assert_eq(gi.plan, (int32_t)g.plan, "layer %d", l);
+		cr_assert_eq(gi.fit_rows, g.fit_rows);
+		cr_assert_eq(gi.resident_base_bytes, g.resident_base_bytes);
+		cr_assert_eq(gi.resident_per_row_bytes, g.resident_per_row_bytes);
+		cr_assert_eq(gi.saved_base_bytes, g.saved_base_bytes);
+		cr_assert_eq(gi.saved_per_row_bytes, g.saved_per_row_bytes);
+		cr_assert_eq(gi.transient_base_bytes, g.transient_base_bytes);
+		cr_assert_eq(gi.transient_per_row_bytes, g.transient_per_row_bytes);
+		cr_assert_eq(gi.exposed_base_us, g.exposed_base_us);
+		cr_assert_eq(gi.exposed_per_row_us, g.exposed_per_row_us);
+	}
+	cr_assert_geq(moe_layer, 0, "tiny has MoE layers");
+	kiln_rt_group_info gi;
+	cr_assert_eq(kiln_rt_group_get(f.rt, (int32_t)f.c.model->layers, &gi), KILN_RT_ERANGE);
+	cr_assert_eq(kiln_rt_group_get(f.rt, 0, NULL), KILN_RT_EINVAL);
+	cr_assert_eq(kiln_rt_group_get(NULL, 0, &gi), KILN_RT_EINVAL);
+
+	/* inspect --json: the first MoE kind's record, by its first layer. */
+	char *path = kt_temp_file(".kiln", f.blob, f.len);
+	kt_run r = kt_kilnc((const char *const[]){"inspect", path, "--json", NULL}, NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	kiln_json *doc = kiln_json_parse(r.out, r.out_len);
+	cr_assert_not_null(doc);
+	const kiln_json *kinds = kiln_json_get(doc, "layer_kinds");
+	int found = 0;
+	for (int i = 0; i < kiln_json_size(kinds); i++) {
+		const kiln_json *o = kiln_json_at(kinds, i);
+		const kiln_json *gf = kiln_json_get(o, "group_fallback");
+		int32_t first = (int32_t)kiln_json_number(kiln_json_get(o, "first_layer"));
+		kiln_blob_group g;
+		memcpy(&g, f.blob + gs.offset + (size_t)set_of(&f.c, first) * sizeof g, sizeof g);
+		if (g.plan == UINT32_MAX) {
+			cr_assert(kiln_json_is_null(gf), "layer %d: a dense kind has null", first);
+			continue;
+		}
+		found++;
+		cr_assert_eq(kiln_json_number(kiln_json_get(gf, "plan")), (double)g.plan);
+		cr_assert_eq(kiln_json_number(kiln_json_get(gf, "fit_rows")), (double)g.fit_rows);
+		cr_assert_eq(kiln_json_number(kiln_json_get(gf, "transient_per_row_bytes")),
+		             (double)g.transient_per_row_bytes);
+		cr_assert_eq(kiln_json_number(kiln_json_get(gf, "exposed_base_us")),
+		             g.exposed_base_us);
+	}
+	cr_assert_gt(found, 0);
+	kiln_json_free(doc);
+	kt_run_free(&r);
+	r = kt_kilnc((const char *const[]){"inspect", path, NULL}, NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_eq(kiln_rt_group_get(f.rt, moe_layer, &gi), 0);
+	char want[128];
+	snprintf(want, sizeof want, "when a rank of the EP group has more than %" PRIu64 " rows",
+	         gi.fit_rows);
+	cr_assert_not_null(strstr(r.out, want), "%s", r.out);
+	cr_assert_not_null(strstr(r.out, "group fallback: none (a dense layer has no rows)"));
+	kt_run_free(&r);
+	unlink(path);
+	free(path);
+
+	size_t len;
+	unsigned char *b = as_1_0(&f, &len);
+	kiln_rt *rt = NULL;
+	cr_assert_eq(kiln_rt_open(b, len, &rt), 0);
+	cr_assert_eq(kiln_rt_group_get(rt, moe_layer, &gi), 0);
+	cr_assert_eq(gi.plan, -1, "a 1.0 blob has no fallback");
+	cr_assert_eq(gi.fit_rows, 0);
+	kiln_rt_close(rt);
+	path = kt_temp_file(".kiln", b, len);
+	r = kt_kilnc((const char *const[]){"inspect", path, NULL}, NULL);
+	cr_assert_eq(r.status, 0, "%s", r.err);
+	cr_assert_not_null(strstr(r.out, "group fallback: none (a 1.0 blob has no GROUPS)"), "%s",
+	                   r.out);
+	kt_run_free(&r);
+	unlink(path);
+	free(path);
 	free(b);
 	teardown(&f);
 }

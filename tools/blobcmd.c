@@ -316,6 +316,22 @@ static void inspect_text(const kiln_rt *rt, const char *path, const unsigned cha
 			printf("  %-6d %5.3gx %10" PRIu64 " %11s %7d %12s %9.3f ms\n", b, ti.load_factor,
 			       ti.max_rows, b2, ti.n_points, b5, last.exposed_us / 1000.0);
 		}
+		kiln_rt_group_info gi;
+		kiln_rt_group_get(rt, reps[k], &gi);
+		if (gi.plan < 0) {
+			printf("  group fallback: none (%s)\n",
+			       li.moe ? "a 1.0 blob has no GROUPS" : "a dense layer has no rows");
+		} else {
+			fmt_bytes(b1, sizeof b1, gi.resident_base_bytes);
+			fmt_bytes(b2, sizeof b2, gi.transient_base_bytes);
+			printf("  group fallback: plan %d when a rank of the EP group has more "
+			       "than %" PRIu64 " rows;\n    resident %s + %" PRIu64
+			       " B/row, transient %s + %" PRIu64
+			       " B/row, exposed %.3f ms + %.4g us/row\n",
+			       gi.plan, gi.fit_rows, b1, gi.resident_per_row_bytes, b2,
+			       gi.transient_per_row_bytes, gi.exposed_base_us / 1000.0,
+			       gi.exposed_per_row_us);
+		}
 	}
 	free(reps);
 	if (!templates)
@@ -417,6 +433,24 @@ static kiln_json *inspect_json(const kiln_rt *rt, const char *path, const unsign
 			kiln_json_add_u64(uo, "flags", ui.flags);
 			kiln_json_add_u64(uo, "base_bytes", ui.base_bytes);
 			kiln_json_add_u64(uo, "per_row_bytes", ui.per_row_bytes);
+		}
+		kiln_rt_group_info gi;
+		kiln_rt_group_get(rt, reps[k], &gi);
+		if (gi.plan < 0) {
+			kiln_json_add_null(o, "group_fallback");
+		} else {
+			kiln_json *go = kiln_json_add_object(o, "group_fallback");
+			kiln_json_add_i64(go, "plan", gi.plan);
+			kiln_json_add_u64(go, "fit_rows", gi.fit_rows);
+			kiln_json_add_u64(go, "resident_base_bytes", gi.resident_base_bytes);
+			kiln_json_add_u64(go, "resident_per_row_bytes", gi.resident_per_row_bytes);
+			kiln_json_add_u64(go, "saved_base_bytes", gi.saved_base_bytes);
+			kiln_json_add_u64(go, "saved_per_row_bytes", gi.saved_per_row_bytes);
+			kiln_json_add_u64(go, "transient_base_bytes", gi.transient_base_bytes);
+			kiln_json_add_u64(go, "transient_per_row_bytes",
+			                  gi.transient_per_row_bytes);
+			kiln_json_add_number(go, "exposed_base_us", gi.exposed_base_us);
+			kiln_json_add_number(go, "exposed_per_row_us", gi.exposed_per_row_us);
 		}
 		kiln_json *ts = kiln_json_add_array(o, "tables");
 		for (int32_t b = 0; b < info.n_buckets; b++) {

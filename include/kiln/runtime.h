@@ -173,6 +173,22 @@ int kiln_rt_plan_get(const kiln_rt *rt, int32_t plan, const uint8_t **out_action
 int32_t kiln_rt_plan_count(const kiln_rt *rt);
 int32_t kiln_rt_template_count(const kiln_rt *rt);
 
+/* A layer's EP-group fallback (blob 1.1, GROUPS; docs/runtime.md, "Beyond
+ * the declared load"): select switches to `plan` when the group's counts
+ * give some rank more than `fit_rows` rows. Bytes and exposed time are lines
+ * in this rank's rows: base + per_row * rows. plan is -1, fit_rows and every
+ * line 0, where there is no fallback: a dense layer, or a 1.0 blob. */
+typedef struct kiln_rt_group_info {
+	int32_t plan;
+	uint64_t fit_rows;
+	uint64_t resident_base_bytes, resident_per_row_bytes;
+	uint64_t saved_base_bytes, saved_per_row_bytes;
+	uint64_t transient_base_bytes, transient_per_row_bytes;
+	double exposed_base_us, exposed_per_row_us;
+} kiln_rt_group_info;
+
+int kiln_rt_group_get(const kiln_rt *rt, int32_t model_layer, kiln_rt_group_info *out);
+
 /* ---------------------------------------------------------------- select */
 
 /* free_bytes value that asks select to derive free memory and pending

@@ -79,6 +79,14 @@ class _LayerInfo(_c.Structure):
                 ("head_steady_bytes", _u64), ("steady_bytes", _u64), ("steady_keep_bytes", _u64)]
 
 
+class _GroupInfo(_c.Structure):
+    _fields_ = [("plan", _i32), ("fit_rows", _u64), ("resident_base_bytes", _u64),
+                ("resident_per_row_bytes", _u64), ("saved_base_bytes", _u64),
+                ("saved_per_row_bytes", _u64), ("transient_base_bytes", _u64),
+                ("transient_per_row_bytes", _u64), ("exposed_base_us", _dbl),
+                ("exposed_per_row_us", _dbl)]
+
+
 class _UnitInfo(_c.Structure):
     _fields_ = [("name", _c.c_char_p), ("flags", _u32), ("base_bytes", _u64),
                 ("per_row_bytes", _u64)]
@@ -141,7 +149,7 @@ STRUCTS = {
     "kiln_rt_unit_info": _UnitInfo, "kiln_rt_table_info": _TableInfo, "kiln_rt_point": _Point,
     "kiln_query": _Query, "kiln_plan": _Plan, "kiln_rt_template_info": _TemplateInfo,
     "kiln_rt_task": _Task, "kiln_acct": _Acct, "kiln_copy_config": _CopyConfig,
-    "kiln_copy_probe_report": _ProbeReport,
+    "kiln_copy_probe_report": _ProbeReport, "kiln_rt_group_info": _GroupInfo,
 }
 
 # ---------------------------------------------------------------- the library
@@ -164,6 +172,7 @@ def _signatures(lib):
         "kiln_rt_table_get": (_int, [vp, _i32, _i32, _P(_TableInfo)]),
         "kiln_rt_point_get": (_int, [vp, _i32, _i32, _i32, _P(_Point)]),
         "kiln_rt_plan_get": (_int, [vp, _i32, _P(_P(_c.c_uint8)), _P(_i32), _P(_i32)]),
+        "kiln_rt_group_get": (_int, [vp, _i32, _P(_GroupInfo)]),
         "kiln_rt_plan_count": (_i32, [vp]),
         "kiln_rt_template_count": (_i32, [vp]),
         "kiln_rt_select": (_int, [vp, _P(_Query), _P(_Plan)]),
@@ -505,6 +514,13 @@ class Runtime(_Closing):
         else:
             self._handle()
         return li
+
+    def group(self, layer):
+        """kiln_rt_group_get: the layer's EP-group fallback (plan -1: none)."""
+        g = _GroupInfo()
+        _check(self._lib.kiln_rt_group_get(self._handle(), _sint(layer, "layer"), _c.byref(g)),
+               "kiln_rt_group_get", "layer %d" % layer)
+        return _record(g)
 
     def layers(self, stage=None):
         """Model layer numbers the blob plans (on stage, if given), ascending."""

@@ -42,6 +42,17 @@ int main(void)
 	F(kiln_rt_stage_info, safety_factor);
 	F(kiln_rt_stage_info, n_layers);
 
+	S(kiln_rt_group_info);
+	F(kiln_rt_group_info, plan);
+	F(kiln_rt_group_info, fit_rows);
+	F(kiln_rt_group_info, resident_base_bytes);
+	F(kiln_rt_group_info, resident_per_row_bytes);
+	F(kiln_rt_group_info, saved_base_bytes);
+	F(kiln_rt_group_info, saved_per_row_bytes);
+	F(kiln_rt_group_info, transient_base_bytes);
+	F(kiln_rt_group_info, transient_per_row_bytes);
+	F(kiln_rt_group_info, exposed_base_us);
+	F(kiln_rt_group_info, exposed_per_row_us);
 	S(kiln_rt_layer_info);
 	F(kiln_rt_layer_info, model_layer);
 	F(kiln_rt_layer_info, stage);

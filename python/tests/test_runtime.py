@@ -142,6 +142,17 @@ def test_units_tables_and_stages_equal_inspect(tiny_blob):
                 assert rt.unit_index(layer, u["name"]) == i
                 # docs/runtime.md: base + per_row * rows.
                 assert rt.unit_bytes(layer, i, 777) == u["base_bytes"] + 777 * u["per_row_bytes"]
+            g, gf = rt.group(layer), kind["group_fallback"]
+            if gf is None:
+                assert g.plan == -1 and g.fit_rows == 0 and not li.moe
+            else:
+                assert {k: getattr(g, k) for k in gf} == gf
+                # docs/runtime.md, "Beyond the declared load": the rows of the
+                # last bucket whose load is within the stage's safety factor.
+                safety = rt.stage(li.stage).safety_factor
+                assert g.fit_rows == max(
+                    [t["max_rows"] for t in kind["tables"]
+                     if t["load_factor"] <= safety * (1 + 1e-12)] or [0])
             for b, t in enumerate(kind["tables"]):
                 ti = rt.table(layer, b)
                 assert (ti.load_factor, ti.max_rows, ti.quantum_bytes, ti.keep_bytes,
