@@ -244,6 +244,10 @@ static void exercise(kiln_rt *rt)
 			}
 			sink += (size_t)kiln_rt_unit_bytes(rt, l, u, pick_u64(li.balanced_rows));
 		}
+		kiln_rt_group_info gi;
+		CHECK(kiln_rt_group_get(rt, l, &gi) == KILN_RT_OK);
+		CHECK(gi.plan >= -1 && gi.plan < kiln_rt_plan_count(rt));
+		CHECK(gi.plan >= 0 || gi.fit_rows == 0);
 		if (selected++ < MAX_SELECT_LAYERS) {
 			walk_tables(rt, l, &info);
 			select_some(rt, l, &li, 0);
