@@ -109,7 +109,7 @@ int32_t kiln_pipe_warmup(const kiln_pipe_work *w, int32_t s)
 	 * step belong to different micro-batches (schedules.py lines 966-970,
 	 * get_pp_rank_microbatches, at d98e8a64; with p = 1,
 	 * combined_1f1b_schedule_for_no_pipelining runs the first forward
-	 * alone, combined_1f1b.py lines 76-98). */
+	 * alone, combined_1f1b.py lines 76-135). */
 	if (w->pair_us)
 		warm++;
 	return (int32_t)(warm < n ? warm : n);

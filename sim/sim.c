@@ -690,7 +690,7 @@ static double sum_layers(const world *w, const scratch *sc, int32_t s, int32_t i
 /* kiln_pipe_work.pair_us for the simulator: the combined step of the
  * forward of (chunk, micro-batch) fwd and the backward of bwd on one stage,
  * as Megatron-Core runs it (TransformerModelChunkSchedulePlan.run,
- * megatron/core/models/common/model_chunk_schedule_plan.py lines 536-609 at
+ * megatron/core/models/common/model_chunk_schedule_plan.py lines 554-614 at
  * d98e8a64): the forward's embedding and the backward's output layer alone,
  * then the forward's transformer layer q beside the backward's layer
  * n_b - 1 - q (the backward pops them from the end), each such pair

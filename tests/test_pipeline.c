@@ -639,7 +639,7 @@ static double pair_const(const void *ctx, const kiln_pipe_op *fo, const kiln_pip
 
 /* p = 1, m = 4, f = 1, b = 2, a combined step 2.5: Megatron's combined 1F1B
  * without pipelining runs F(0) alone, then F(1)+B(0), F(2)+B(1), F(3)+B(2),
- * then B(3) alone (combined_1f1b.py lines 76-120 at d98e8a64): one warm-up
+ * then B(3) alone (combined_1f1b.py lines 76-135 at d98e8a64): one warm-up
  * forward. F(0) [0,1]; the steps [1,3.5] [3.5,6] [6,8.5]; B(3) [8.5,10.5]:
  * the makespan f + (m - 1) * 2.5 + b = 10.5, the step's form; two
  * micro-batches held during a combined step. */
