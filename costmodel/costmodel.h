@@ -122,6 +122,45 @@ void kiln_cost_step_layer(const kiln_ir_graph *g, int32_t layer, double r,
                           const kiln_cost_step_params *p, bool full_recompute,
                           kiln_cost_step_layer_time *out);
 
+/* The step's terms beyond the op times, one function per formula, shared by
+ * kiln_cost_step_estimate and the simulator (sim/sim.c; docs/cost-model.md,
+ * "Step time"). */
+
+/* The host floor: a transformer layer's forward and backward of one
+ * micro-batch take max(device, H) together, H = p->host_layer_us (the host
+ * issues their kernels at its own pace). Scales *fwd_us and *bwd_us (the
+ * device's times, recompute and exposed work included) by one factor so
+ * that their sum is that; other layers (transformer false: embedding,
+ * head), H 0 and a layer of no device time stay as they are. */
+void kiln_cost_step_host_floor(const kiln_cost_step_params *p, bool transformer, double *fwd_us,
+                               double *bwd_us);
+
+/* With overlap_ep_comm, a layer's forward of one micro-batch beside a
+ * layer's backward of another (Megatron's combined 1F1B step): the compute
+ * stream runs both computes, the communication stream both all-to-alls,
+ * and the host issues both in H: max(fwd + bwd - a2a, a2a, H) us, a2a =
+ * fwd_a2a_us + bwd_a2a_us (the all-to-all parts of fwd_us and bwd_us), H
+ * as in kiln_cost_step_host_floor. */
+double kiln_cost_step_pair_us(const kiln_cost_step_params *p, bool transformer, double fwd_us,
+                              double fwd_a2a_us, double bwd_us, double bwd_a2a_us);
+
+/* One stage's data-parallel traffic per iteration and its optimizer step:
+ * the gradient reduce-scatter (an all-reduce without a distributed
+ * optimizer) and the parameter all-gather of its dense weights over the dp
+ * group and of its expert weights over the edp group, and Adam over the
+ * device's shard at HBM rate. */
+typedef struct kiln_cost_step_dp {
+	double reduce_scatter_us, all_gather_us, optimizer_us;
+} kiln_cost_step_dp;
+void kiln_cost_step_stage_dp(const kiln_ir_graph *g, int32_t stage, const kiln_cost_step_params *p,
+                             kiln_cost_step_dp *out);
+
+/* The part of d's traffic not hidden: the reduce-scatter overlaps the last
+ * micro-batch's backward on the stage, the all-gather the first one's
+ * forward; what exceeds them is exposed, once per iteration. */
+double kiln_cost_step_dp_exposed_us(const kiln_cost_step_dp *d, double first_fwd_us,
+                                    double last_bwd_us);
+
 typedef struct kiln_cost_step {
 	double iteration_s;  /* one optimizer step */
 	double tokens_per_s; /* whole job */

@@ -353,6 +353,89 @@ static bool full_covers(const kiln_model *m, int64_t j)
 	return j < k;        /* block: the first k layers of the stage */
 }
 
+void kiln_cost_step_host_floor(const kiln_cost_step_params *p, bool transformer, double *fwd_us,
+                               double *bwd_us)
+{
+	/* The host issues a transformer layer's kernels at its own pace: when
+	 * it is slower than the device, the device waits. */
+	double host = transformer ? p->host_layer_us : 0, dev = *fwd_us + *bwd_us;
+	if (host > dev && dev > 0) {
+		*fwd_us *= host / dev;
+		*bwd_us *= host / dev;
+	}
+}
+
+double kiln_cost_step_pair_us(const kiln_cost_step_params *p, bool transformer, double fwd_us,
+                              double fwd_a2a_us, double bwd_us, double bwd_a2a_us)
+{
+	/* Each one's all-to-all under the other's compute: the compute stream
+	 * runs both computes, the communication stream both all-to-alls. */
+	double a2a = fwd_a2a_us + bwd_a2a_us, compute = fwd_us + bwd_us - a2a;
+	double dev = compute > a2a ? compute : a2a, host = transformer ? p->host_layer_us : 0;
+	return dev > host ? dev : host;
+}
+
+void kiln_cost_step_stage_dp(const kiln_ir_graph *g, int32_t stage, const kiln_cost_step_params *p,
+                             kiln_cost_step_dp *out)
+{
+	const kiln_model *m = g->model;
+	const kiln_hardware *hw = &m->hw;
+	const kiln_ir_stage *st = &g->stages[stage];
+	uint64_t dense_params = 0, expert_params = 0;
+	for (int32_t l = st->layer_begin; l < st->layer_end; l++) {
+		const kiln_ir_layer *ly = &g->layers[l];
+		for (int32_t o = ly->op_begin; o < ly->op_end; o++) {
+			const kiln_ir_op *op = &g->ops[o];
+			if (op->backward)
+				continue;
+			if (op->expert_params)
+				expert_params += op->params_local;
+			else
+				dense_params += op->params_local;
+		}
+	}
+	double dpg = (double)m->dp, edpg = (double)m->edp;
+	double dpn = (double)hw->devices_per_node;
+	bool dp_in = dpg * (double)m->tp <= dpn, edp_in = edpg * (double)m->ep <= dpn;
+	double bw_dp = bw_bytes_per_us(dp_in ? hw->intra_node_gbps : hw->inter_node_gbps) *
+	               (dp_in ? p->comm_efficiency : p->inter_node_efficiency);
+	double bw_edp = bw_bytes_per_us(edp_in ? hw->intra_node_gbps : hw->inter_node_gbps) *
+	                (edp_in ? p->comm_efficiency : p->inter_node_efficiency);
+	double grad_b = 2, param_b = 2; /* bf16 gradient buffer and parameters */
+	double rs = 0, ag = 0;
+	if (dpg > 1) {
+		double sh = (dpg - 1) / dpg * (double)dense_params;
+		rs += sh * grad_b / bw_dp;
+		ag += sh * param_b / bw_dp;
+	}
+	if (edpg > 1) {
+		double sh = (edpg - 1) / edpg * (double)expert_params;
+		rs += sh * grad_b / bw_edp;
+		ag += sh * param_b / bw_edp;
+	}
+	if (!m->distributed_optimizer) {
+		rs *= 2; /* an all-reduce instead of a reduce-scatter */
+		ag = 0;
+	}
+	/* Adam on this device's shard: fp32 main weights, two moments and the
+	 * gradient read and written, the bf16 weights written (16 + 16 + 2
+	 * bytes per element). */
+	double shard = m->distributed_optimizer
+	                   ? (double)dense_params / dpg + (double)expert_params / edpg
+	                   : (double)(dense_params + expert_params);
+	out->reduce_scatter_us = rs;
+	out->all_gather_us = ag;
+	out->optimizer_us = kiln_cost_hbm_us(hw, shard * 34);
+}
+
+double kiln_cost_step_dp_exposed_us(const kiln_cost_step_dp *d, double first_fwd_us,
+                                    double last_bwd_us)
+{
+	double rs = d->reduce_scatter_us, ag = d->all_gather_us;
+	return (rs > last_bwd_us ? rs - last_bwd_us : 0) +
+	       (ag > first_fwd_us ? ag - first_fwd_us : 0);
+}
+
 void kiln_cost_step_estimate(const kiln_ir_graph *g, double r, const kiln_cost_step_params *pp,
                              kiln_cost_step *out)
 {
@@ -371,7 +454,6 @@ void kiln_cost_step_estimate(const kiln_ir_graph *g, double r, const kiln_cost_s
 		const kiln_ir_stage *st = &g->stages[s];
 		double f = 0, b = 0, pair = 0, a2a = 0;
 		int64_t j = 0;
-		uint64_t dense_params = 0, expert_params = 0;
 		double send_bytes = 0;
 		for (int32_t l = st->layer_begin; l < st->layer_end; l++) {
 			const kiln_ir_layer *ly = &g->layers[l];
@@ -381,28 +463,19 @@ void kiln_cost_step_estimate(const kiln_ir_graph *g, double r, const kiln_cost_s
 			j += tl;
 			double lf = t.fwd_us, lb = t.bwd_us + t.recompute_us;
 			double la2a = t.fwd_a2a_us + t.bwd_a2a_us + t.recompute_a2a_us;
-			/* The host issues a transformer layer's kernels at its own
-			 * pace: when it is slower than the device, the device waits. */
-			double host = tl ? pp->host_layer_us : 0;
-			double scale = host > lf + lb && lf + lb > 0 ? host / (lf + lb) : 1;
-			f += lf * scale;
-			b += lb * scale;
-			a2a += la2a;
 			/* Overlapped pair: this layer's forward compute of one
 			 * micro-batch beside its backward of another, each one's
 			 * all-to-all under the other's compute. */
-			double compute = lf + lb - la2a;
-			double dev = compute > la2a ? compute : la2a;
-			pair += dev > host ? dev : host;
+			pair += kiln_cost_step_pair_us(pp, tl, lf, t.fwd_a2a_us, lb,
+			                               t.bwd_a2a_us + t.recompute_a2a_us);
+			kiln_cost_step_host_floor(pp, tl, &lf, &lb);
+			f += lf;
+			b += lb;
+			a2a += la2a;
 			for (int32_t o = ly->op_begin; o < ly->op_end; o++) {
 				const kiln_ir_op *op = &g->ops[o];
-				if (op->backward)
-					continue;
-				if (op->expert_params)
-					expert_params += op->params_local;
-				else
-					dense_params += op->params_local;
-				if (op->kind == KILN_OP_PP_SEND && op->collective == KILN_COLL_SEND)
+				if (!op->backward && op->kind == KILN_OP_PP_SEND &&
+				    op->collective == KILN_COLL_SEND)
 					send_bytes +=
 					    kiln_linf_at(op->comm_bytes, ly->n_balanced * r);
 			}
@@ -417,39 +490,12 @@ void kiln_cost_step_estimate(const kiln_ir_graph *g, double r, const kiln_cost_s
 		}
 		if (a2a > out->a2a_us)
 			out->a2a_us = a2a;
-		/* Data-parallel gradient and parameter traffic of this stage. */
-		double dpg = (double)m->dp, edpg = (double)m->edp;
+		/* Data-parallel gradient and parameter traffic of this stage, and
+		 * its optimizer step. */
+		kiln_cost_step_dp dp;
+		kiln_cost_step_stage_dp(g, s, pp, &dp);
+		double exposed = kiln_cost_step_dp_exposed_us(&dp, f, b), opt = dp.optimizer_us;
 		double dpn = (double)hw->devices_per_node;
-		bool dp_in = dpg * (double)m->tp <= dpn, edp_in = edpg * (double)m->ep <= dpn;
-		double bw_dp = bw_bytes_per_us(dp_in ? hw->intra_node_gbps : hw->inter_node_gbps) *
-		               (dp_in ? pp->comm_efficiency : pp->inter_node_efficiency);
-		double bw_edp =
-		    bw_bytes_per_us(edp_in ? hw->intra_node_gbps : hw->inter_node_gbps) *
-		    (edp_in ? pp->comm_efficiency : pp->inter_node_efficiency);
-		double grad_b = 2, param_b = 2; /* bf16 gradient buffer and parameters */
-		double rs = 0, ag = 0;
-		if (dpg > 1) {
-			double sh = (dpg - 1) / dpg * (double)dense_params;
-			rs += sh * grad_b / bw_dp;
-			ag += sh * param_b / bw_dp;
-		}
-		if (edpg > 1) {
-			double sh = (edpg - 1) / edpg * (double)expert_params;
-			rs += sh * grad_b / bw_edp;
-			ag += sh * param_b / bw_edp;
-		}
-		if (!m->distributed_optimizer) {
-			rs *= 2; /* an all-reduce instead of a reduce-scatter */
-			ag = 0;
-		}
-		double exposed = (rs > b ? rs - b : 0) + (ag > f ? ag - f : 0);
-		/* Adam on this device's shard: fp32 main weights, two moments and
-		 * the gradient read and written, the bf16 weights written (16 + 16
-		 * + 2 bytes per element). */
-		double shard = m->distributed_optimizer
-		                   ? (double)dense_params / dpg + (double)expert_params / edpg
-		                   : (double)(dense_params + expert_params);
-		double opt = kiln_cost_hbm_us(hw, shard * 34);
 		bool pp_out =
 		    (double)m->devices / p >= dpn; /* stages are devices / pp ranks apart */
 		double send_us =

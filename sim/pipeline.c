@@ -104,6 +104,14 @@ int32_t kiln_pipe_warmup(const kiln_pipe_work *w, int32_t s)
 		warm = 2 * ((int64_t)w->p - s - 1) + ((int64_t)w->v - 1) * w->p;
 	else
 		warm = (int64_t)w->p - s - 1;
+	/* With EP overlap Megatron schedules one forward more before the
+	 * steady state, so that the forward and the backward of every combined
+	 * step belong to different micro-batches (schedules.py lines 966-970,
+	 * get_pp_rank_microbatches, at d98e8a64; with p = 1,
+	 * combined_1f1b_schedule_for_no_pipelining runs the first forward
+	 * alone, combined_1f1b.py lines 76-135). */
+	if (w->pair_us)
+		warm++;
 	return (int32_t)(warm < n ? warm : n);
 }
 
@@ -191,32 +199,59 @@ static double op_duration(const kiln_pipe_work *w, const kiln_pipe_op *op)
 	return d[chunk_index(w, op->stage, op->chunk, op->microbatch)];
 }
 
+/* Whether op o[k] of a stage's order (per ops) is a forward that runs with
+ * o[k + 1] as one combined step (kiln_pipe_work.pair_us). */
+static int combined(const kiln_pipe_work *w, const kiln_pipe_op *o, int32_t k, int32_t per)
+{
+	return w->pair_us && k + 1 < per && !o[k].backward && o[k + 1].backward &&
+	       (o[k].chunk != o[k + 1].chunk || o[k].microbatch != o[k + 1].microbatch);
+}
+
 /* Times stage s's next ops for as long as their inputs are there; returns
  * how many it timed. */
 static int32_t advance(const kiln_pipe_work *w, kiln_pipe_op *ops, const int32_t *pos, lane *ln,
-                       int32_t s)
+                       int32_t s, int *bad, FILE *err)
 {
 	int32_t per = stage_ops(w), ran = 0;
+	kiln_pipe_op *o = ops + (int64_t)s * per;
 	while (ln[s].next < per) {
-		kiln_pipe_op *op = &ops[(int64_t)s * per + ln[s].next];
-		dep d[2];
-		int nd = op_deps(w, op, d);
+		int32_t k0 = ln[s].next, n_ops = combined(w, o, k0, per) ? 2 : 1;
 		double start = ln[s].free_us;
-		for (int k = 0; k < nd; k++) {
-			int32_t at =
-			    pos[op_key(w, d[k].stage, d[k].chunk, d[k].microbatch, d[k].backward)];
-			if (at >= ln[d[k].stage].next)
-				return ran;
-			double in_us = ops[(int64_t)d[k].stage * per + at].end_us +
-			               (d[k].stage != s ? w->p2p_us : 0);
-			if (in_us > start)
-				start = in_us;
+		for (int32_t x = 0; x < n_ops; x++) {
+			dep d[2];
+			int nd = op_deps(w, &o[k0 + x], d);
+			for (int k = 0; k < nd; k++) {
+				int32_t at = pos[op_key(w, d[k].stage, d[k].chunk, d[k].microbatch,
+				                        d[k].backward)];
+				if (at >= ln[d[k].stage].next)
+					return ran;
+				double in_us = ops[(int64_t)d[k].stage * per + at].end_us +
+				               (d[k].stage != s ? w->p2p_us : 0);
+				if (in_us > start)
+					start = in_us;
+			}
 		}
-		op->start_us = start;
-		op->end_us = start + op_duration(w, op);
-		ln[s].free_us = op->end_us;
-		ln[s].next++;
-		ran++;
+		double dur = op_duration(w, &o[k0]);
+		if (n_ops == 2) {
+			dur = w->pair_us(w->pair_ctx, &o[k0], &o[k0 + 1]);
+			if (!(isfinite(dur) && dur >= 0)) {
+				REPORT(
+				    "pipeline: the combined step of stage %d (forward of chunk %d, "
+				    "micro-batch %d; backward of chunk %d, micro-batch %d) takes "
+				    "%g us; durations must be finite and >= 0\n",
+				    s, o[k0].chunk, o[k0].microbatch, o[k0 + 1].chunk,
+				    o[k0 + 1].microbatch, dur);
+				*bad = 1;
+				return ran;
+			}
+		}
+		for (int32_t x = 0; x < n_ops; x++) {
+			o[k0 + x].start_us = start;
+			o[k0 + x].end_us = start + dur;
+		}
+		ln[s].free_us = start + dur;
+		ln[s].next += n_ops;
+		ran += n_ops;
 	}
 	return ran;
 }
@@ -241,7 +276,10 @@ static int time_ops(const kiln_pipe_work *w, kiln_pipe_op *ops, const int32_t *p
 		head = (head + 1) % p;
 		len--;
 		ln[s].queued = 0;
-		int32_t ran = advance(w, ops, pos, ln, s);
+		int bad = 0;
+		int32_t ran = advance(w, ops, pos, ln, s, &bad, err);
+		if (bad)
+			return -1;
 		if (ran == 0)
 			continue;
 		remaining -= ran;
@@ -324,10 +362,16 @@ int kiln_pipe_run(const kiln_pipe_work *w, kiln_pipe_op *ops, kiln_arena *a, FIL
 		int32_t held = 0;
 		busy[s] = 0;
 		peak[s] = 0;
-		/* A stage's ops do not overlap, so walking them in order visits the
-		 * takes and releases in time order, a release at t before a take at t. */
+		/* A stage's ops do not overlap (a combined step's forward takes
+		 * before its backward releases, both held during the step), so
+		 * walking them in order visits the takes and releases in time
+		 * order, a release at t before a take at t. */
 		for (int32_t k = 0; k < per; k++) {
-			busy[s] += op_duration(w, &o[k]);
+			/* A combined step counts once. */
+			if (combined(w, o, k, per))
+				busy[s] += o[k].end_us - o[k].start_us;
+			else if (!(k > 0 && combined(w, o, k - 1, per)))
+				busy[s] += op_duration(w, &o[k]);
 			held += o[k].backward ? -1 : 1;
 			if (held > peak[s])
 				peak[s] = held;

@@ -47,8 +47,10 @@ typedef struct layer_info {
 	int32_t set;         /* unit set, or -1 (not planned) */
 	int32_t chunk;
 	int32_t moe_index;   /* 0.. among the model's MoE layers, or -1 */
+	int transformer;     /* a transformer layer (dense or MoE): the host floor applies */
 	double n_bal, n_max;
 	double fwd[GRID], bwd[GRID]; /* times at n = k * n_max / (GRID - 1) */
+	double fa2a[GRID], ba2a[GRID]; /* their EP all-to-all parts */
 } layer_info;
 
 typedef struct stage_info {
@@ -56,6 +58,7 @@ typedef struct stage_info {
 	int32_t n_layers;
 	double capacity, static_bytes, fixed_bytes;
 	int32_t window; /* micro-batches held at once (ceil of inflight) */
+	kiln_cost_step_dp dp; /* its data-parallel traffic and optimizer step */
 } stage_info;
 
 typedef struct world {
@@ -72,10 +75,13 @@ typedef struct world {
 	int32_t *moe_set; /* per MoE layer (model order): its unit set, or -1 */
 	double *moe_nbal; /* and its balanced rows */
 	double r_max;  /* the largest load factor routing can produce (sample_share clamps to it) */
-	size_t stride; /* scratch entries per (stage, micro-batch): 2 per layer of the largest stage */
+	size_t
+	    stride; /* scratch entries per (stage, micro-batch): 3 per layer of the largest stage */
 	kiln_load_shape shape;
 	double tokens_per_iter, model_flops, peak_flops;
 	double p2p_us; /* one activation's (or gradient's) transfer between two stages */
+	kiln_cost_step_params sp; /* the step model's figures: the host floor */
+	int overlap;              /* overlap_ep_comm: combined 1F1B steps */
 } world;
 
 static double interp(const double *grid, double n_max, double n)
@@ -164,19 +170,28 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 			li->moe_index = -1;
 			if (L->index >= 0)
 				li->set = kiln_set_of_layer(c->sets, c->n_sets, L);
+			li->transformer = L->kind == KILN_LAYER_DENSE || L->kind == KILN_LAYER_MOE;
 			li->n_bal = L->kind == KILN_LAYER_MOE ? L->n_balanced : 0;
 			li->n_max = li->n_bal * cap;
 			for (int k = 0; k < GRID; k++) {
-				double n = li->n_max * k / (GRID - 1), f = 0, b = 0;
+				double n = li->n_max * k / (GRID - 1), f = 0, b = 0, fa = 0, ba = 0;
 				for (int32_t o = L->op_begin; o < L->op_end; o++) {
-					double us = kiln_cost_op_time_us(g, &g->ops[o], n);
-					if (g->ops[o].backward)
+					const kiln_ir_op *op = &g->ops[o];
+					double us = kiln_cost_op_time_us(g, op, n);
+					int a2a =
+					    kiln_ir_op_kind_class(op->kind) == KILN_OPCLASS_COMM_EP;
+					if (op->backward) {
 						b += us;
-					else
+						ba += a2a ? us : 0;
+					} else {
 						f += us;
+						fa += a2a ? us : 0;
+					}
 				}
 				li->fwd[k] = f;
 				li->bwd[k] = b;
+				li->fa2a[k] = fa;
+				li->ba2a[k] = ba;
 			}
 		}
 	}
@@ -191,7 +206,7 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 	size_t most = 1;
 	for (int32_t s = 0; s < w->p; s++)
 		most = (size_t)w->stages[s].n_layers > most ? (size_t)w->stages[s].n_layers : most;
-	w->stride = 2 * most;
+	w->stride = 3 * most;
 	/* MoE layers numbered in model order, for the load profile. */
 	for (int32_t l = 0; l < g->n_layers; l++)
 		if (g->layers[l].kind == KILN_LAYER_MOE)
@@ -233,13 +248,24 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 	w->p2p_us = st.p2p_us / (double)w->v;
 	w->tokens_per_iter = (double)m->global_batch * (double)m->seq_len;
 	w->peak_flops = m->hw.peak_tflops * 1e12;
+	/* The step's terms beyond the op times, with its own formulas
+	 * (costmodel/step.c): the host floor per layer, the combined steps
+	 * of EP overlap, each stage's data-parallel traffic and optimizer. */
+	kiln_cost_step_params_of(&m->hw, &w->sp);
+	w->overlap = m->overlap_ep_comm && w->ep > 1;
+	for (int32_t s = 0; s < w->p; s++)
+		kiln_cost_step_stage_dp(g, s, &w->sp, &w->stages[s].dp);
 	return 0;
 }
 
 /* Per-iteration scratch of one policy and group. */
 typedef struct scratch {
 	double *fwd, *bwd;    /* per (stage, chunk, micro-batch), pipeline layout */
-	double *layer_f, *layer_b; /* per (stage, micro-batch, layer): the slowest rank's */
+	/* Per (stage, micro-batch, layer), the slowest rank's, 3 entries
+	 * each: layer_f its forward, copy exposure and forward all-to-all;
+	 * layer_b its backward (exposed work included), recompute exposure and
+	 * backward all-to-all; the device's times, before the host floor. */
+	double *layer_f, *layer_b;
 	double *held;         /* per micro-batch of the current stage: device bytes */
 	double *peak;         /* per stage */
 	size_t n_lay;         /* entries of layer_f and layer_b */
@@ -452,10 +478,12 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 				/* The rows the experts process (megatron-capacity:
 				 * padded to capacity). */
 				double n = kiln_sim_policy_rows(pol, li->set, r * li->n_bal), f = 0,
-				       b = 0;
+				       b = 0, fa = 0, ba = 0;
 				if (timed) {
 					f = interp(li->fwd, li->n_max, n);
 					b = interp(li->bwd, li->n_max, n);
+					fa = interp(li->fa2a, li->n_max, n);
+					ba = interp(li->ba2a, li->n_max, n);
 				}
 				if (li->set >= 0) {
 					kiln_sim_choice ch;
@@ -486,7 +514,7 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 						 * rank is the slowest. Times the slowest of
 						 * those (ties: the larger forward and backward
 						 * of both). */
-						double bf = -1, bb = -1;
+						double bf = -1, bb = -1, bfa = 0, bba = 0;
 						for (int32_t j = 0; j < rb->n_slots; j++) {
 							double nj = kiln_sim_policy_rows(
 							    pol, li->set, rb->top[j] * li->n_bal);
@@ -503,15 +531,26 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 								    nj, free_b, pending,
 								    (uint32_t)i, cur, &cj);
 							bj += cj.exposed_us;
+							/* The all-to-alls grow with the rows as
+							 * the rest does: the slowest rank's. */
+							double faj =
+							    interp(li->fa2a, li->n_max, nj);
+							double baj =
+							    interp(li->ba2a, li->n_max, nj);
 							if (fj + bj > bf + bb) {
 								bf = fj, bb = bj, ch = cj;
+								bfa = faj, bba = baj;
 							} else if (fj + bj == bf + bb) {
 								bf = fj > bf ? fj : bf;
 								bb = bj > bb ? bj : bb;
+								bfa = faj > bfa ? faj : bfa;
+								bba = baj > bba ? baj : bba;
 							}
 						}
 						f = bf;
 						b = bb - ch.exposed_us;
+						fa = bfa;
+						ba = bba;
 					} else if (rank < 0 && rb &&
 					           kiln_sim_policy_exposed_bound(
 					               pol, li->set, rb->bits, rb->cold, rb->hot,
@@ -572,16 +611,19 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 					sc->over_budget += ch.over_budget * weight;
 					/* The slowest rank's overhead is what the critical
 					 * path sees: kept with its layer time below. */
-					size_t at = ((size_t)s * w->m + i) * w->stride + 2 * (size_t)l;
+					size_t at =
+					    ((size_t)s * w->m + i) * w->stride + 3 * (size_t)l;
 					if (timed && f + b > sc->layer_f[at] + sc->layer_b[at]) {
 						sc->layer_b[at + 1] = ch.recompute_us; /* reused as rec */
 						sc->layer_f[at + 1] = ch.copy_us;      /* reused as copy */
 					}
 				}
-				size_t at = ((size_t)s * w->m + i) * w->stride + 2 * (size_t)l;
+				size_t at = ((size_t)s * w->m + i) * w->stride + 3 * (size_t)l;
 				if (timed && f + b > sc->layer_f[at] + sc->layer_b[at]) {
 					sc->layer_f[at] = f;
 					sc->layer_b[at] = b;
+					sc->layer_f[at + 2] = fa;
+					sc->layer_b[at + 2] = ba;
 				}
 			}
 			sc->held[i] = cur;
@@ -599,9 +641,38 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 	}
 }
 
+/* One layer's record for micro-batch i on stage s (the slowest rank's,
+ * scratch.layer_f and layer_b): its forward and backward after the host
+ * floor (kiln_cost_step_host_floor), and the copy and recompute exposure
+ * that lengthened them: beneath the floor exposed work costs nothing, so
+ * each share is scaled by max(device, H) - max(device without it, H) over
+ * the exposure. */
+typedef struct layer_time {
+	double f, b, copy, rec;
+} layer_time;
+
+static layer_time layer_at(const world *w, const scratch *sc, int32_t s, int32_t i, int32_t l)
+{
+	const layer_info *li = &w->stages[s].layers[l];
+	size_t at = ((size_t)s * w->m + i) * w->stride + 3 * (size_t)l;
+	layer_time t = {sc->layer_f[at], sc->layer_b[at], sc->layer_f[at + 1], sc->layer_b[at + 1]};
+	double full = t.f + t.b, exposed = t.copy + t.rec;
+	kiln_cost_step_host_floor(&w->sp, li->transformer, &t.f, &t.b);
+	double host = li->transformer ? w->sp.host_layer_us : 0;
+	if (exposed > 0 && host > full - exposed) {
+		double without = full - exposed;
+		double share =
+		    ((full > host ? full : host) - (without > host ? without : host)) / exposed;
+		t.copy *= share;
+		t.rec *= share;
+	}
+	return t;
+}
+
 /* Sum over the layers of one chunk (-1: every chunk) of stage s for
  * micro-batch i: part 0 the forward (bwd 0) or backward (bwd 1) times;
- * part 1 the copy (bwd 0) or recompute (bwd 1) exposure. */
+ * part 1 the copy (bwd 0) or recompute (bwd 1) exposure; after the host
+ * floor (layer_at). */
 static double sum_layers(const world *w, const scratch *sc, int32_t s, int32_t i, int32_t chunk,
                          int bwd, int part)
 {
@@ -610,9 +681,63 @@ static double sum_layers(const world *w, const scratch *sc, int32_t s, int32_t i
 	for (int32_t l = 0; l < si->n_layers; l++) {
 		if (chunk >= 0 && si->layers[l].chunk != chunk)
 			continue;
-		size_t at = ((size_t)s * w->m + i) * w->stride + 2 * (size_t)l + (size_t)part;
-		t += bwd ? sc->layer_b[at] : sc->layer_f[at];
+		layer_time lt = layer_at(w, sc, s, i, l);
+		t += part ? (bwd ? lt.rec : lt.copy) : (bwd ? lt.b : lt.f);
 	}
+	return t;
+}
+
+/* kiln_pipe_work.pair_us for the simulator: the combined step of the
+ * forward of (chunk, micro-batch) fwd and the backward of bwd on one stage,
+ * as Megatron-Core runs it (TransformerModelChunkSchedulePlan.run,
+ * megatron/core/models/common/model_chunk_schedule_plan.py lines 554-614 at
+ * d98e8a64): the forward's embedding and the backward's output layer alone,
+ * then the forward's transformer layer q beside the backward's layer
+ * n_b - 1 - q (the backward pops them from the end), each such pair
+ * kiln_cost_step_pair_us, the layers left over in either alone (host floor
+ * applied), then the forward's output layer and the backward's embedding
+ * alone. */
+typedef struct pair_ctx {
+	const world *w;
+	const scratch *sc;
+} pair_ctx;
+
+static double pair_step_us(const void *ctx, const kiln_pipe_op *fo, const kiln_pipe_op *bo)
+{
+	const pair_ctx *pc = ctx;
+	const world *w = pc->w;
+	const scratch *sc = pc->sc;
+	int32_t s = fo->stage, n = w->stages[s].n_layers;
+	const layer_info *ls = w->stages[s].layers;
+	double t = 0;
+	int32_t q = 0, r = n - 1; /* the forward's next layer, the backward's */
+	for (;;) {
+		while (q < n && ls[q].chunk != fo->chunk)
+			q++;
+		while (r >= 0 && ls[r].chunk != bo->chunk)
+			r--;
+		if (q < n && !ls[q].transformer) {
+			t += layer_at(w, sc, s, fo->microbatch, q++).f;
+			continue;
+		}
+		if (r >= 0 && !ls[r].transformer) {
+			t += layer_at(w, sc, s, bo->microbatch, r--).b;
+			continue;
+		}
+		if (q >= n || r < 0)
+			break;
+		size_t af = ((size_t)s * w->m + fo->microbatch) * w->stride + 3 * (size_t)q;
+		size_t ab = ((size_t)s * w->m + bo->microbatch) * w->stride + 3 * (size_t)r;
+		t += kiln_cost_step_pair_us(&w->sp, 1, sc->layer_f[af], sc->layer_f[af + 2],
+		                            sc->layer_b[ab], sc->layer_b[ab + 2]);
+		q++, r--;
+	}
+	for (; q < n; q++)
+		if (ls[q].chunk == fo->chunk)
+			t += layer_at(w, sc, s, fo->microbatch, q).f;
+	for (; r >= 0; r--)
+		if (ls[r].chunk == bo->chunk)
+			t += layer_at(w, sc, s, bo->microbatch, r).b;
 	return t;
 }
 
@@ -1080,13 +1205,16 @@ static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, in
 		r->copy[k] += copy;
 	}
 	kiln_arena *pa = kiln_arena_new();
+	pair_ctx pc = {.w = pw, .sc = sc};
 	kiln_pipe_work pwk = {.kind = w->v > 1 ? KILN_PIPE_INTERLEAVED : KILN_PIPE_1F1B,
 	                      .p = w->p,
 	                      .m = w->m,
 	                      .v = w->v,
 	                      .fwd_us = sc->fwd,
 	                      .bwd_us = sc->bwd,
-	                      .p2p_us = pw->p2p_us};
+	                      .p2p_us = pw->p2p_us,
+	                      .pair_us = pw->overlap ? pair_step_us : NULL,
+	                      .pair_ctx = &pc};
 	kiln_pipe_result pr;
 	if (!pa || kiln_pipe_simulate(&pwk, pa, NULL, &pr) != 0) {
 		/* Once more for the message, prefixed as every simulate error. */
@@ -1104,18 +1232,36 @@ static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, in
 		kiln_arena_free(pa);
 		return -1;
 	}
+	/* The group's iteration: each stage ends with its exposed data-
+	 * parallel traffic (beyond what its first micro-batch's forward and
+	 * its last one's backward hide) and its optimizer step, once per
+	 * iteration (kiln_cost_step_dp_exposed_us); the slowest stage ends it. */
+	double group_us = 0;
+	for (int32_t s = 0; s < w->p; s++) {
+		const kiln_pipe_op *last =
+		    &pr.ops[((size_t)s + 1) * 2 * (size_t)w->v * (size_t)w->m - 1];
+		double first_f = 0, last_b = 0;
+		for (int32_t ch = 0; ch < w->v; ch++) {
+			first_f += sc->fwd[((size_t)s * w->v + ch) * w->m];
+			last_b += sc->bwd[((size_t)s * w->v + ch) * w->m + (size_t)(w->m - 1)];
+		}
+		const kiln_cost_step_dp *dp = &pw->stages[s].dp;
+		double end = last->end_us + kiln_cost_step_dp_exposed_us(dp, first_f, last_b) +
+		             dp->optimizer_us;
+		group_us = end > group_us ? end : group_us;
+	}
 	if (second) {
-		if (pr.makespan_us > r->worst2[k])
-			r->worst2[k] = pr.makespan_us;
+		if (group_us > r->worst2[k])
+			r->worst2[k] = group_us;
 		r->oom2[k] |= sc->oom;
 		kiln_arena_free(pa);
 		return 0;
 	}
-	if (pr.makespan_us > r->worst[k])
-		r->worst[k] = pr.makespan_us;
+	if (group_us > r->worst[k])
+		r->worst[k] = group_us;
 	/* The last iteration's schedule of the slowest group, for kilnc
 	 * simulate --emit-trace. */
-	if (it == cfg->iterations - 1 && pr.makespan_us >= r->worst[k] && r->ops[k]) {
+	if (it == cfg->iterations - 1 && group_us >= r->worst[k] && r->ops[k]) {
 		size_t n_ops = 2 * (size_t)w->p * (size_t)w->v * (size_t)w->m;
 		memcpy(r->ops[k], pr.ops, sizeof(kiln_pipe_op) * n_ops);
 		out->last_ops = r->ops[k];
@@ -1351,13 +1497,14 @@ int kiln_sim_cost_estimate(const kiln_sim_config *cfg, int32_t n, kiln_sim_cost 
 	out->decisions = out->per_iteration * (double)cfg->iterations;
 	out->cpu_s = out->decisions * KILN_SIM_CPU_US_PER_DECISION * 1e-6;
 	/* What kiln_sim_run and kiln_pipe_run hold at once: per thread its
-	 * scratch (the pipeline's durations, two numbers per layer of the
-	 * largest stage per (stage, micro-batch), bytes held per micro-batch)
+	 * scratch (the pipeline's durations, three numbers per layer of the
+	 * largest stage per (stage, micro-batch) in each of two arrays, bytes
+	 * held per micro-batch)
 	 * and one schedule being timed (ops and their positions); the loads
 	 * and their envelope; per policy the last iteration's schedule. */
 	double ops = 2 * p * v * mb;
 	double e = m->moe && m->ep > 0 ? (double)(m->experts / m->ep) : 1;
-	double per_thread = 2 * 8 * p * v * mb + 2 * 8 * p * mb * 2 * most + 8 * mb +
+	double per_thread = 2 * 8 * p * v * mb + 2 * 8 * p * mb * 3 * most + 8 * mb +
 	                    ops * (double)(sizeof(kiln_pipe_op) + sizeof(int32_t)) +
 	                    8 * ep * (e > 1 ? e : 1); /* one sample's per-expert rows */
 	double rows = mb * (n_moe > 0 ? n_moe : 1);

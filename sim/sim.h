@@ -176,20 +176,31 @@ typedef enum { KILN_PIPE_1F1B, KILN_PIPE_INTERLEAVED } kiln_pipe_kind;
  * between two different stages takes p2p_us (0 for none); a hand-off within
  * one stage (its own forward to its backward, or chunk to chunk when p = 1)
  * takes none. Borrowed for the duration of each call. */
+typedef struct kiln_pipe_op kiln_pipe_op;
 typedef struct kiln_pipe_work {
 	kiln_pipe_kind kind;
 	int32_t p, m, v;
 	const double *fwd_us;
 	const double *bwd_us;
 	double p2p_us;
+	/* EP overlap (Megatron's --overlap-moe-expert-parallel-comm): NULL for
+	 * none. Else every stage runs one warm-up forward more (capped at m *
+	 * v), and each forward its order follows with a backward of another
+	 * (chunk, micro-batch) runs with that backward as one combined step:
+	 * both start when the stage is free and the inputs of both have
+	 * arrived, both end pair_us(pair_ctx, forward, backward) us later
+	 * (finite and >= 0), when both outputs leave. */
+	double (*pair_us)(const void *ctx, const kiln_pipe_op *fwd, const kiln_pipe_op *bwd);
+	const void *pair_ctx;
 } kiln_pipe_work;
 
-/* One scheduled op. */
-typedef struct kiln_pipe_op {
+/* One scheduled op (a combined step's forward and backward both carry its
+ * start and end). */
+struct kiln_pipe_op {
 	int32_t stage, chunk, microbatch;
 	int backward;
 	double start_us, end_us;
-} kiln_pipe_op;
+};
 
 /* The schedule of one iteration: ops per stage in execution order, the
  * makespan, and per stage its busy time and the most micro-batch chunks
@@ -204,8 +215,8 @@ typedef struct kiln_pipe_result {
 
 /* Warm-up forwards of stage s before its first backward: min(p - s - 1, m)
  * for 1F1B, min(2 * (p - s - 1) + (v - 1) * p, m * v) for interleaved (as
- * Megatron-core's get_pp_rank_microbatches). w must be valid and s in
- * [0, p). */
+ * Megatron-core's get_pp_rank_microbatches), one more (within the same
+ * cap) with EP overlap (w->pair_us). w must be valid and s in [0, p). */
 int32_t kiln_pipe_warmup(const kiln_pipe_work *w, int32_t s);
 
 /* Writes the execution order of every stage into ops (2 * p * v * m,

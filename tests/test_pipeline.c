@@ -33,7 +33,13 @@ static void fixture_init(fixture *fx, kiln_pipe_kind kind, int32_t p, int32_t m,
 			fx->fwd[s * v * m + k] = f_stage[s];
 			fx->bwd[s * v * m + k] = b_stage[s];
 		}
-	fx->w = (kiln_pipe_work){kind, p, m, v, fx->fwd, fx->bwd, p2p_us};
+	fx->w = (kiln_pipe_work){.kind = kind,
+	                         .p = p,
+	                         .m = m,
+	                         .v = v,
+	                         .fwd_us = fx->fwd,
+	                         .bwd_us = fx->bwd,
+	                         .p2p_us = p2p_us};
 }
 
 static void fixture_uniform(fixture *fx, kiln_pipe_kind kind, int32_t p, int32_t m, int32_t v,
@@ -608,4 +614,105 @@ Test(pipeline, bad_work_is_refused)
 	cr_expect_eq(kiln_pipe_simulate(&fx.w, a, NULL, NULL), -1);
 	cr_expect_eq(kiln_pipe_simulate(&fx.w, a, NULL, &r), 0);
 	kiln_arena_free(a);
+}
+
+/* ------------------------------------------------------------ EP overlap */
+
+/* Combined steps (kiln_pipe_work.pair_us): the callback records the pairs
+ * it is asked for and prices each at a constant. */
+typedef struct pairs_seen {
+	double us;
+	int32_t n, stage[16], f_mb[16], b_mb[16];
+} pairs_seen;
+
+static double pair_const(const void *ctx, const kiln_pipe_op *fo, const kiln_pipe_op *bo)
+{
+	pairs_seen *ps = (pairs_seen *)ctx;
+	cr_assert(!fo->backward && bo->backward && fo->stage == bo->stage);
+	if (ps->n < 16) {
+		ps->stage[ps->n] = fo->stage;
+		ps->f_mb[ps->n] = fo->microbatch;
+		ps->b_mb[ps->n++] = bo->microbatch;
+	}
+	return ps->us;
+}
+
+/* p = 1, m = 4, f = 1, b = 2, a combined step 2.5: Megatron's combined 1F1B
+ * without pipelining runs F(0) alone, then F(1)+B(0), F(2)+B(1), F(3)+B(2),
+ * then B(3) alone (combined_1f1b.py lines 76-135 at d98e8a64): one warm-up
+ * forward. F(0) [0,1]; the steps [1,3.5] [3.5,6] [6,8.5]; B(3) [8.5,10.5]:
+ * the makespan f + (m - 1) * 2.5 + b = 10.5, the step's form; two
+ * micro-batches held during a combined step. */
+Test(pipeline, overlap_single_stage_by_hand)
+{
+	fixture fx;
+	fixture_uniform(&fx, KILN_PIPE_1F1B, 1, 4, 1, 1, 2, 0);
+	pairs_seen ps = {.us = 2.5};
+	fx.w.pair_us = pair_const;
+	fx.w.pair_ctx = &ps;
+	cr_expect_eq(kiln_pipe_warmup(&fx.w, 0), 1);
+	kiln_arena *a = kiln_arena_new();
+	kiln_pipe_result r = simulate_ok(&fx.w, a);
+	const want_op s0[] = {{0, 0, 0, 0, 1},   {0, 1, 0, 1, 3.5},   {0, 0, 1, 1, 3.5},
+	                      {0, 2, 0, 3.5, 6}, {0, 1, 1, 3.5, 6},   {0, 3, 0, 6, 8.5},
+	                      {0, 2, 1, 6, 8.5}, {0, 3, 1, 8.5, 10.5}};
+	expect_stage(&fx.w, &r, 0, s0);
+	cr_expect_float_eq(r.makespan_us, 10.5, EPS);
+	cr_expect_float_eq(r.busy_us[0], 10.5, EPS);
+	cr_expect_eq(r.peak_inflight[0], 2);
+	cr_assert_eq(ps.n, 3);
+	for (int k = 0; k < 3; k++)
+		cr_expect(ps.f_mb[k] == k + 1 && ps.b_mb[k] == k);
+	kiln_arena_free(a);
+}
+
+/* p = 2, m = 3, f = 1, b = 2, p2p 0, a combined step 2.5. Warm-up one more
+ * than 1F1B's: stage 0 2, stage 1 1. Orders: stage 0 F0 F1 [F2 B0] B1 B2;
+ * stage 1 F0 [F1 B0] [F2 B1] B2. A combined step starts when the stage is
+ * free and both inputs are there:
+ *   S0 F0 [0,1], F1 [1,2]
+ *   S1 F0 needs S0 F0 (1): [1,2]
+ *   S1 [F1 B0]: F1 needs S0 F1 (2), B0 its own F0 (2): [2,4.5]
+ *   S0 [F2 B0]: B0 needs S1 B0 (4.5): [4.5,7]
+ *   S1 [F2 B1]: F2 needs S0 F2 (7): [7,9.5]
+ *   S0 B1 needs S1 B1 (9.5): [9.5,11.5]; S1 B2 (own F2 at 9.5): [9.5,11.5]
+ *   S0 B2 needs S1 B2 (11.5): [11.5,13.5]
+ * Makespan 13.5; busy 1 + 1 + 2.5 + 2 + 2 = 8.5 and 1 + 2.5 + 2.5 + 2 = 8;
+ * held at once min(p - s + 1, m): 3 and 2. */
+Test(pipeline, overlap_two_stages_by_hand)
+{
+	fixture fx;
+	fixture_uniform(&fx, KILN_PIPE_1F1B, 2, 3, 1, 1, 2, 0);
+	pairs_seen ps = {.us = 2.5};
+	fx.w.pair_us = pair_const;
+	fx.w.pair_ctx = &ps;
+	kiln_arena *a = kiln_arena_new();
+	kiln_pipe_result r = simulate_ok(&fx.w, a);
+	const want_op s0[] = {{0, 0, 0, 0, 1},   {0, 1, 0, 1, 2},      {0, 2, 0, 4.5, 7},
+	                      {0, 0, 1, 4.5, 7}, {0, 1, 1, 9.5, 11.5}, {0, 2, 1, 11.5, 13.5}};
+	const want_op s1[] = {{0, 0, 0, 1, 2},   {0, 1, 0, 2, 4.5}, {0, 0, 1, 2, 4.5},
+	                      {0, 2, 0, 7, 9.5}, {0, 1, 1, 7, 9.5}, {0, 2, 1, 9.5, 11.5}};
+	expect_stage(&fx.w, &r, 0, s0);
+	expect_stage(&fx.w, &r, 1, s1);
+	cr_expect_float_eq(r.makespan_us, 13.5, EPS);
+	cr_expect_float_eq(r.busy_us[0], 8.5, EPS);
+	cr_expect_float_eq(r.busy_us[1], 8, EPS);
+	cr_expect_eq(r.peak_inflight[0], 3);
+	cr_expect_eq(r.peak_inflight[1], 2);
+	cr_expect_eq(ps.n, 3);
+	kiln_arena_free(a);
+}
+
+/* A combined step's price is checked like any duration. */
+Test(pipeline, overlap_bad_pair_time_is_refused)
+{
+	fixture fx;
+	fixture_uniform(&fx, KILN_PIPE_1F1B, 1, 4, 1, 1, 2, 0);
+	pairs_seen ps = {.us = NAN};
+	fx.w.pair_us = pair_const;
+	fx.w.pair_ctx = &ps;
+	expect_refused(&fx.w, "the combined step of stage 0 (forward of chunk 0, micro-batch 1; "
+	                      "backward of chunk 0, micro-batch 0) takes nan us");
+	ps.us = -1;
+	expect_refused(&fx.w, "takes -1 us; durations must be finite and >= 0");
 }
