@@ -120,13 +120,20 @@ double kiln_cost_stage_inflight(const kiln_ir_graph *g, int32_t stage)
 {
 	const kiln_model *m = g->model;
 	int64_t p = m->pp, mb = m->micro_batches, s = stage;
+	/* With EP overlap every stage runs one warm-up forward more, so that a
+	 * combined step's forward and backward belong to different micro-batches
+	 * and both are held during it (Megatron-LM d98e8a64, schedules.py lines
+	 * 966-970; with pp 1, combined_1f1b.py lines 76-135): one micro-batch
+	 * (chunk) more in flight. sim/pipeline.c's kiln_pipe_warmup schedules the
+	 * same. */
+	int64_t extra = m->overlap_ep_comm ? 1 : 0;
 	if (m->schedule == KILN_SCHED_INTERLEAVED && m->vpp > 1) {
 		int64_t v = m->vpp;
-		int64_t chunks = 2 * (p - s - 1) + (v - 1) * p + 1;
+		int64_t chunks = 2 * (p - s - 1) + (v - 1) * p + 1 + extra;
 		if (chunks > mb * v)
 			chunks = mb * v;
 		return (double)chunks / (double)v;
 	}
-	int64_t n = p - s;
+	int64_t n = p - s + extra;
 	return (double)(n < mb ? n : mb);
 }

@@ -199,11 +199,21 @@ static double op_duration(const kiln_pipe_work *w, const kiln_pipe_op *op)
 	return d[chunk_index(w, op->stage, op->chunk, op->microbatch)];
 }
 
-/* Whether op o[k] of a stage's order (per ops) is a forward that runs with
- * o[k + 1] as one combined step (kiln_pipe_work.pair_us). */
-static int combined(const kiln_pipe_work *w, const kiln_pipe_op *o, int32_t k, int32_t per)
+/* Whether op o[k] of stage s's order (per ops) is a forward that runs with
+ * o[k + 1] as one combined step (kiln_pipe_work.pair_us): the steady
+ * state's pairs only, at warm + 2j for j < n - warm (build_order). A stage
+ * whose warm-up takes every forward has none: its last warm-up forward and
+ * first backward are adjacent but not a step (pairing them would wait on
+ * the next stage's step, which waits on that forward: a deadlock). */
+static int combined(const kiln_pipe_work *w, int32_t s, const kiln_pipe_op *o, int32_t k,
+                    int32_t per)
 {
-	return w->pair_us && k + 1 < per && !o[k].backward && o[k + 1].backward &&
+	if (!w->pair_us)
+		return 0;
+	int64_t warm = kiln_pipe_warmup(w, s), n = (int64_t)w->m * w->v;
+	if (k < warm || (k - warm) % 2 != 0 || k >= warm + 2 * (n - warm))
+		return 0;
+	return k + 1 < per && !o[k].backward && o[k + 1].backward &&
 	       (o[k].chunk != o[k + 1].chunk || o[k].microbatch != o[k + 1].microbatch);
 }
 
@@ -215,7 +225,7 @@ static int32_t advance(const kiln_pipe_work *w, kiln_pipe_op *ops, const int32_t
 	int32_t per = stage_ops(w), ran = 0;
 	kiln_pipe_op *o = ops + (int64_t)s * per;
 	while (ln[s].next < per) {
-		int32_t k0 = ln[s].next, n_ops = combined(w, o, k0, per) ? 2 : 1;
+		int32_t k0 = ln[s].next, n_ops = combined(w, s, o, k0, per) ? 2 : 1;
 		double start = ln[s].free_us;
 		for (int32_t x = 0; x < n_ops; x++) {
 			dep d[2];
@@ -368,9 +378,9 @@ int kiln_pipe_run(const kiln_pipe_work *w, kiln_pipe_op *ops, kiln_arena *a, FIL
 		 * order, a release at t before a take at t. */
 		for (int32_t k = 0; k < per; k++) {
 			/* A combined step counts once. */
-			if (combined(w, o, k, per))
+			if (combined(w, s, o, k, per))
 				busy[s] += o[k].end_us - o[k].start_us;
-			else if (!(k > 0 && combined(w, o, k - 1, per)))
+			else if (!(k > 0 && combined(w, s, o, k - 1, per)))
 				busy[s] += op_duration(w, &o[k]);
 			held += o[k].backward ? -1 : 1;
 			if (held > peak[s])

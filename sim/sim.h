@@ -185,8 +185,10 @@ typedef struct kiln_pipe_work {
 	double p2p_us;
 	/* EP overlap (Megatron's --overlap-moe-expert-parallel-comm): NULL for
 	 * none. Else every stage runs one warm-up forward more (capped at m *
-	 * v), and each forward its order follows with a backward of another
-	 * (chunk, micro-batch) runs with that backward as one combined step:
+	 * v), and each steady-state forward (at warm-up + 2j of its stage's
+	 * order, j < m * v - warm-up; the order's forward then backward there,
+	 * of different (chunk, micro-batch)) runs with that backward as one
+	 * combined step:
 	 * both start when the stage is free and the inputs of both have
 	 * arrived, both end pair_us(pair_ctx, forward, backward) us later
 	 * (finite and >= 0), when both outputs leave. */

@@ -289,6 +289,37 @@ Test(costmodel_inflight, interleaved)
 	kiln_arena_free(a);
 }
 
+/* With EP overlap (Megatron's --overlap-moe-expert-parallel-comm) each stage
+ * runs one warm-up forward more (schedules.py lines 966-970 at d98e8a64;
+ * combined_1f1b.py lines 76-135 with pp 1), and a combined step holds the
+ * forward's and the backward's micro-batches at once: one more in flight.
+ * By hand: 1F1B p = 4, m = 8: min(p - s + 1, m) = 5, 4, 3, 2; m = 3: 3, 3,
+ * 3, 2; p = 1, m = 4: 2. Interleaved p = 4, v = 2, m = 8: chunks
+ * min(16, 2*(p-s-1) + (v-1)*p + 2) = 12, 10, 8, 6 -> 6, 5, 4, 3. */
+Test(costmodel_inflight, overlap_holds_one_more)
+{
+	static const struct {
+		int64_t pp, vpp, mb;
+		double want[4];
+	} cases[] = {{4, 1, 8, {5, 4, 3, 2}},
+	             {4, 1, 3, {3, 3, 3, 2}},
+	             {1, 1, 4, {2}},
+	             {1, 1, 1, {1}},
+	             {4, 2, 8, {6, 5, 4, 3}}};
+	for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+		kt_model tm;
+		pp_model(&tm, cases[k].pp, cases[k].vpp, cases[k].mb);
+		tm.m.overlap_ep_comm = true;
+		kiln_arena *a;
+		kiln_ir_graph *g = kt_lower_ok(&tm.m, &a);
+		for (int32_t s = 0; s < cases[k].pp; s++)
+			cr_expect_float_eq(kiln_cost_stage_inflight(g, s), cases[k].want[s], 1e-12,
+			                   "case %zu stage %d: %g, want %g", k, s,
+			                   kiln_cost_stage_inflight(g, s), cases[k].want[s]);
+		kiln_arena_free(a);
+	}
+}
+
 /* ---------------------------------------------------------------- activations */
 
 /* Aliased tensors count once: a builder graph with x (100 B saved), y

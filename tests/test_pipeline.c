@@ -703,6 +703,31 @@ Test(pipeline, overlap_two_stages_by_hand)
 	kiln_arena_free(a);
 }
 
+/* The memory model's in-flight count with EP overlap (costmodel/memory.c,
+ * kiln_cost_stage_inflight: min(p - s + 1, m) under 1F1B) is what the
+ * schedule holds: over p = 1..4 and m = 1..8 the most micro-batches a
+ * stage holds at once, counted from the simulated start and end times. */
+Test(pipeline, overlap_peak_inflight_is_p_minus_s_plus_one)
+{
+	for (int32_t p = 1; p <= 4; p++)
+		for (int32_t m = 1; m <= 8; m++) {
+			fixture fx;
+			fixture_uniform(&fx, KILN_PIPE_1F1B, p, m, 1, 1, 2, 0.25);
+			pairs_seen ps = {.us = 2.5};
+			fx.w.pair_us = pair_const;
+			fx.w.pair_ctx = &ps;
+			kiln_arena *a = kiln_arena_new();
+			kiln_pipe_result r = simulate_ok(&fx.w, a);
+			for (int32_t s = 0; s < p; s++) {
+				int32_t want = p - s + 1 < m ? p - s + 1 : m;
+				cr_expect_eq(r.peak_inflight[s], want,
+				             "p %d m %d s %d: %d, want %d", p, m, s,
+				             r.peak_inflight[s], want);
+			}
+			kiln_arena_free(a);
+		}
+}
+
 /* A combined step's price is checked like any duration. */
 Test(pipeline, overlap_bad_pair_time_is_refused)
 {
