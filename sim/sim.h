@@ -381,11 +381,6 @@ void kiln_sim_policy_decide_group(const kiln_sim_policy *p, int32_t set, int32_t
                                   double held_bytes, const uint32_t *group_rows, int32_t group_size,
                                   kiln_sim_choice *out);
 
-/* The load bucket a static policy's decision for unit set `set` at n rows
- * takes (the bucket holding the load factor r = n / balanced rows, the last
- * beyond it), with r. */
-int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, double n, double *r);
-
 /* For a static policy: the two lines of its plan's bytes for unit set
  * `set`, base + per_n * n for what it keeps (resident) and for its backward
  * transient, each the larger over its plans (mindspeed has two);
@@ -536,30 +531,51 @@ void kiln_sim_capacity_drop(const double *rows, int32_t n_experts, double capaci
 int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const uint64_t *buckets,
                                   int cold, int hot, double *out);
 
-/* For sim/oracle.c, as the policies price and size kiln's plans: plan
- * `actions` of unit set `set` scheduled at load bucket `bucket`
- * (kiln_interleave_exposed, plus the recompute time; docs/simulator.md,
- * "What a static plan costs"), returns 0 or -1 when it cannot be
- * scheduled; and its bytes as two lines in n rows (resident, transient:
- * base + per_n * n, whole bytes per unit). */
+/* ---------------------------------------------------------------- price.c */
+
+/* What a plan of kiln's tables costs and holds, as every policy and the
+ * oracle price and size it (docs/simulator.md, "What a static plan costs"). */
+
+/* The load bucket a static policy's decision for unit set `set` at n rows
+ * takes (the bucket holding the load factor r = n / balanced rows, the last
+ * beyond it), with r. */
+int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, double n, double *r);
+
+/* A plan's bytes at n rows as two lines, base + per_n * n: its kept
+ * units (resident), and its recomputed and offloaded ones with their
+ * workspace (transient; an offload's workspace is zero). The sums are
+ * taken once per plan, in whole bytes, so a decision costs two products. */
+typedef struct kiln_sim_plan_form {
+	int32_t set;
+	double res_base, res_per_n;
+	double tr_base, tr_per_n;
+	double ws_base, ws_per_n; /* of the transient: the recompute workspace */
+} kiln_sim_plan_form;
+
+/* The form of plan `actions` (one kiln_action per unit of set `set` of c,
+ * borrowed) in *out. */
+void kiln_sim_plan_form_of(const struct kiln_compilation *c, int32_t set, const uint8_t *actions,
+                           kiln_sim_plan_form *out);
+
+/* Plan `actions` of unit set `set` scheduled at load bucket `bucket`
+ * (kiln_interleave_exposed, plus the recompute time of the ops it re-runs
+ * at the bucket's load): returns 0, or -1 when it cannot be scheduled (the
+ * outputs then untouched). */
 int kiln_sim_plan_cost(const struct kiln_compilation *c, int32_t set, int32_t bucket,
                        const uint8_t *actions, double *out_exposed_us, double *out_serial_us,
                        double *out_recompute_us);
-void kiln_sim_plan_bytes(const kiln_sim_policy *p, int32_t set, const uint8_t *actions,
-                         double *out_res_base, double *out_res_per_n, double *out_tr_base,
-                         double *out_tr_per_n);
 
 /* ---------------------------------------------------------------- oracle.c */
 
 /* The clairvoyant oracle (docs/simulator.md, "The oracle"). */
 typedef struct kiln_sim_oracle kiln_sim_oracle;
 
-/* The oracle of policy p (kind KILN_SIM_ORACLE) for compilation c
+/* The oracle (the policy of kind KILN_SIM_ORACLE) for compilation c
  * (borrowed, finished); arena-owned, its caches freed by
  * kiln_sim_oracle_free. Returns 0, or -1 (a message on err) when c has no
  * plan tables or on exhaustion. Used by one thread at a time. */
-int kiln_sim_oracle_new(const kiln_sim_policy *p, const struct kiln_compilation *c, kiln_arena *a,
-                        FILE *err, kiln_sim_oracle **out);
+int kiln_sim_oracle_new(const struct kiln_compilation *c, kiln_arena *a, FILE *err,
+                        kiln_sim_oracle **out);
 void kiln_sim_oracle_free(kiln_sim_oracle *o);
 /* The oracle of a policy, NULL for every policy but oracle (policy.c). */
 kiln_sim_oracle *kiln_sim_policy_oracle(const kiln_sim_policy *p);
