@@ -18,6 +18,12 @@ int kiln_pass_lower(const kiln_model *m, kiln_arena *a, kiln_ir_graph **out);
 /* pipeline.c */
 
 typedef enum { KILN_SOLVER_DP, KILN_SOLVER_MILP } kiln_solver;
+#define KILN_SOLVER_COUNT 2
+/* The solver's name, as --solver takes it and the outputs print it ("dp",
+ * "milp"); "?" for a value that is no kiln_solver. */
+const char *kiln_solver_name(int s);
+/* The solver named `name` in *out; returns 0, or -1 for no solver's name. */
+int kiln_solver_parse(const char *name, kiln_solver *out);
 
 typedef struct kiln_unit_set kiln_unit_set;
 typedef struct kiln_plan_table kiln_plan_table;
