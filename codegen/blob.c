@@ -42,6 +42,8 @@ _Static_assert(KILN_UNIT_LAYER_INPUT == (unsigned)KILN_RT_UNIT_LAYER_INPUT &&
 _Static_assert(KILN_SOLVER_DP == (int)KILN_BLOB_SOLVER_DP &&
                    KILN_SOLVER_MILP == (int)KILN_BLOB_SOLVER_MILP,
                "meta.solver: kiln_solver is written as KILN_BLOB_SOLVER_*");
+_Static_assert(KILN_PLAN_MAX_BUCKETS <= KILN_BLOB_MAX_BUCKETS,
+               "meta.n_buckets: every compilation's buckets are within the loader's bound");
 
 /* ---------------------------------------------------------------- growable arrays */
 

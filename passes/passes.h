@@ -251,6 +251,13 @@ void kiln_plan_actions(const kiln_plan_instance *in, const kiln_plan_point *p, u
 
 /* buckets.c */
 
+/* The most load buckets kiln_plan_buckets makes (edges up to 25.6 and
+ * max_factor, well past the frontend's largest load.max_factor, 16: 160
+ * buckets). Every bucket array and bitset over one compilation's buckets
+ * has room for this many; the blob's loader accepts up to
+ * KILN_BLOB_MAX_BUCKETS. */
+#define KILN_PLAN_MAX_BUCKETS 256
+
 /* Load buckets: upper edges from 0 to load.max_factor, 0.25 apart below
  * 0.75, then 0.9, 1.0, 0.05 apart up to 1.5, 0.1 apart above, with
  * max_factor itself the last edge (docs/cost-model.md). */

@@ -55,7 +55,7 @@ int kiln_sim_policy_parse_cf(const char *s, double *out_cf)
 		const char *v = s + sizeof cap - 1;
 		char *end = NULL;
 		double cf = strtod(v, &end);
-		if (end == v || *end != '\0' || !(cf > 0 && cf <= 64))
+		if (end == v || *end != '\0' || !(cf > 0 && cf <= KILN_SIM_MAX_CAPACITY_FACTOR))
 			return -1;
 		if (out_cf)
 			*out_cf = cf;
@@ -1551,10 +1551,11 @@ int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const u
 	cold |= !p->hot_actions;
 	hot &= p->hot_actions != NULL;
 	int32_t nb =
-	    p->c->n_buckets < KILN_SIM_MAX_BUCKETS ? p->c->n_buckets : KILN_SIM_MAX_BUCKETS;
+	    p->c->n_buckets < KILN_PLAN_MAX_BUCKETS ? p->c->n_buckets : KILN_PLAN_MAX_BUCKETS;
 	double most = 0;
 	for (int32_t k = 0; k < nb; k++) {
-		if (!(buckets[k / 64] >> (k % 64) & 1))
+		if (!(buckets[k / KILN_SIM_BUCKET_WORD_BITS] >> (k % KILN_SIM_BUCKET_WORD_BITS) &
+		      1))
 			continue;
 		const cost *co;
 		double ex;

@@ -297,10 +297,15 @@ const char *kiln_sim_policy_models(kiln_sim_policy_kind k);
 /* The policy named s, or -1. "megatron-selective" is an alias of
  * "megatron" (whose search covers every module set it tried), and
  * "megatron-capacity:CF" names megatron-capacity at capacity factor CF
- * (a number in (0, 64]), stored in *out_cf when out_cf is set; without
+ * (a number in (0, KILN_SIM_MAX_CAPACITY_FACTOR]), stored in *out_cf when out_cf is set; without
  * ":CF", *out_cf is 0 (the default: the description's factor, else 1). */
 int kiln_sim_policy_parse(const char *s);
 int kiln_sim_policy_parse_cf(const char *s, double *out_cf);
+/* The largest capacity factor megatron-capacity:CF takes (64 times the
+ * balanced rows per expert: past any load a shipped profile produces). */
+#define KILN_SIM_MAX_CAPACITY_FACTOR 64
+/* Policies one simulation runs side by side at most (--policy P,P,...). */
+#define KILN_SIM_MAX_POLICIES 64
 /* The capacity factor megatron-capacity runs at: cf when positive, else
  * the description's moe_expert_capacity_factor, else 1. */
 double kiln_sim_capacity_factor(const kiln_model *m, double cf);
@@ -514,15 +519,17 @@ double kiln_sim_policy_cf(const kiln_sim_policy *p);
 void kiln_sim_capacity_drop(const double *rows, int32_t n_experts, double capacity_rows,
                             double *out_kept, double *out_dropped);
 
-/* Buckets a bucket set (kiln_sim_policy_exposed_bound) can name: every
- * compilation has at most this many (passes/plan.c). */
-#define KILN_SIM_MAX_BUCKETS 256
+/* A bucket set (kiln_sim_policy_exposed_bound): bucket k is bit
+ * k % KILN_SIM_BUCKET_WORD_BITS of word k / KILN_SIM_BUCKET_WORD_BITS of
+ * uint64_t words, with room for every bucket a compilation has
+ * (KILN_PLAN_MAX_BUCKETS, passes/passes.h). */
+#define KILN_SIM_BUCKET_WORD_BITS 64
 
 /* For a static policy (every policy but the kiln ones that decide through
  * the runtime): *out is the largest exposed time (serial time for the
  * serial ablation) of its decision for unit set `set` over the load
- * buckets in the bitset `buckets` (bucket k is bit k % 64 of word k / 64,
- * KILN_SIM_MAX_BUCKETS bits), taking mindspeed's untriggered plan when cold
+ * buckets in the bitset `buckets` (a bucket set, KILN_PLAN_MAX_BUCKETS
+ * bits), taking mindspeed's untriggered plan when cold
  * and its triggered plan when hot. It does not depend on free
  * memory, so it is at least the exposed time of every decision at a load
  * in those buckets. The statistical method times a layer by it

@@ -31,6 +31,10 @@ enum { KILN_BLOB_SET_DENSE = 0, KILN_BLOB_SET_MOE = 1 };     /* set.kind */
 #define KILN_BLOB_NO_UNIT 255
 /* A 32-bit index that points nowhere (plan.template_id, group.plan). */
 #define KILN_BLOB_NONE UINT32_MAX
+/* The loader's bounds on meta (docs/blob-format.md, META): load buckets
+ * per set at most, and the largest meta.max_factor. */
+#define KILN_BLOB_MAX_BUCKETS 1024
+#define KILN_BLOB_MAX_FACTOR 64
 
 /* Offset 0. The CRC32C covers the whole file except its own 4 bytes. */
 typedef struct kiln_blob_header {
