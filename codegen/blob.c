@@ -13,7 +13,37 @@
 
 #include "codegen/codegen.h"
 #include "kiln/blob.h"
+#include "kiln/runtime.h"
 #include "passes/passes.h"
+
+/* Where the compiler's values are written as the blob's (docs/blob-format.md,
+ * "Enumerated fields"): the blob's values are owned by include/kiln (blob.h,
+ * and runtime.h for what the runtime hands its callers); the compiler's
+ * enums below are written unconverted and must agree. */
+_Static_assert(KILN_ACT_KEEP == (int)KILN_RT_KEEP && KILN_ACT_RECOMPUTE == (int)KILN_RT_RECOMPUTE &&
+                   KILN_ACT_OFFLOAD == (int)KILN_RT_OFFLOAD && KILN_ACT_COUNT == 3,
+               "ACTIONS: kiln_action is written as kiln_rt_action");
+_Static_assert(KILN_STREAM_COMPUTE == (int)KILN_RT_STREAM_COMPUTE &&
+                   KILN_STREAM_COMM == (int)KILN_RT_STREAM_COMM &&
+                   KILN_STREAM_D2H == (int)KILN_RT_STREAM_D2H &&
+                   KILN_STREAM_H2D == (int)KILN_RT_STREAM_H2D && KILN_STREAM_COUNT == 4,
+               "chunk.stream: kiln_stream is written as kiln_rt_stream");
+_Static_assert(KILN_TASK_FORWARD == (int)KILN_RT_TASK_FORWARD &&
+                   KILN_TASK_BACKWARD == (int)KILN_RT_TASK_BACKWARD &&
+                   KILN_TASK_RECOMPUTE == (int)KILN_RT_TASK_RECOMPUTE &&
+                   KILN_TASK_COPY == (int)KILN_RT_TASK_COPY &&
+                   KILN_TASK_COMM == (int)KILN_RT_TASK_COMM && KILN_TASK_KIND_COUNT == 5,
+               "chunk.kind: kiln_task_kind is written as kiln_rt_task_kind");
+_Static_assert(KILN_UNIT_LAYER_INPUT == (unsigned)KILN_RT_UNIT_LAYER_INPUT &&
+                   KILN_UNIT_COLLECTIVE == (unsigned)KILN_RT_UNIT_COLLECTIVE &&
+                   KILN_UNIT_RNG == (unsigned)KILN_RT_UNIT_RNG &&
+                   KILN_UNIT_EXPERT == (unsigned)KILN_RT_UNIT_EXPERT,
+               "unit.flags: KILN_UNIT_* are written as KILN_RT_UNIT_*");
+_Static_assert(KILN_SOLVER_DP == (int)KILN_BLOB_SOLVER_DP &&
+                   KILN_SOLVER_MILP == (int)KILN_BLOB_SOLVER_MILP,
+               "meta.solver: kiln_solver is written as KILN_BLOB_SOLVER_*");
+_Static_assert(KILN_PLAN_MAX_BUCKETS <= KILN_BLOB_MAX_BUCKETS,
+               "meta.n_buckets: every compilation's buckets are within the loader's bound");
 
 /* ---------------------------------------------------------------- growable arrays */
 
@@ -208,16 +238,16 @@ static int32_t set_index(const kiln_compilation *c, const kiln_unit_set *s)
 }
 
 /* The unit a chunk serves: the name after "offload ", "reload " or
- * "recompute " (docs/schedule.md, "Chunks"), or 255. */
+ * "recompute " (docs/schedule.md, "Chunks"), or KILN_BLOB_NO_UNIT. */
 static uint8_t chunk_unit(const kiln_unit_set *s, const char *name)
 {
 	const char *sp = strchr(name, ' ');
 	if (!sp)
-		return 255;
-	for (int32_t u = 0; u < s->n_units && u < 255; u++)
+		return KILN_BLOB_NO_UNIT;
+	for (int32_t u = 0; u < s->n_units && u < KILN_BLOB_NO_UNIT; u++)
 		if (strcmp(s->units[u].name, sp + 1) == 0)
 			return (uint8_t)u;
-	return 255;
+	return KILN_BLOB_NO_UNIT;
 }
 
 /* ---------------------------------------------------------------- the writer */
@@ -434,7 +464,7 @@ static int chunk_of(writer *w, int32_t k, uint32_t first_chunk, const kiln_task 
 			*out = (uint8_t)(i - first_chunk);
 			return 0;
 		}
-	if (n - first_chunk >= 255)
+	if (n - first_chunk >= KILN_BLOB_MAX_INDEX)
 		return fail(w, "more than 255 distinct chunks in one unit set");
 	if (!PUSH(w, CHUNKS, rec))
 		return fail(w, "out of memory");
@@ -450,7 +480,7 @@ static int write_sets_and_templates(writer *w)
 	uint32_t n_units = 0, n_tpl = 0;
 	for (int32_t k = 0; k < c->n_sets; k++) {
 		const kiln_unit_set *s = &c->sets[k];
-		if (s->n_units > 255)
+		if (s->n_units > KILN_BLOB_MAX_INDEX)
 			return fail(w, "more than 255 units in one layer");
 		for (int32_t u = 0; u < s->n_units; u++) {
 			const kiln_unit *un = &s->units[u];
@@ -467,7 +497,7 @@ static int write_sets_and_templates(writer *w)
 			if (pool->set[p] != s || w->tpl_of_plan[p] < 0)
 				continue;
 			const kiln_template *tpl = &sc->templates[w->tpl_of_plan[p]];
-			if (tpl->n_tasks > 255)
+			if (tpl->n_tasks > KILN_BLOB_MAX_INDEX)
 				return fail(w, "a template with more than 255 tasks");
 			int32_t n_deps = 0;
 			kiln_blob_template rec = {
@@ -504,7 +534,8 @@ static int write_sets_and_templates(writer *w)
 		    (uint32_t)(w->sec[KILN_SEC_CHUNKS].len / sizeof(kiln_blob_chunk)) - first_chunk;
 		double balanced = s->kind == KILN_LAYER_MOE ? c->graph->layers[s->layer].n_balanced : 0;
 		kiln_blob_set rec = {.stage = (uint32_t)s->stage,
-		                     .kind = s->kind == KILN_LAYER_MOE,
+		                     .kind = s->kind == KILN_LAYER_MOE ? KILN_BLOB_SET_MOE
+		                                                       : KILN_BLOB_SET_DENSE,
 		                     .first_unit = n_units,
 		                     .n_units = (uint32_t)s->n_units,
 		                     .first_chunk = first_chunk,
@@ -520,7 +551,7 @@ static int write_sets_and_templates(writer *w)
 		kiln_blob_plan rec = {.set = (uint32_t)k,
 		                      .actions = (uint32_t)w->sec[KILN_SEC_ACTIONS].len,
 		                      .template_id = w->plan_template[p] < 0
-		                                         ? UINT32_MAX
+		                                         ? KILN_BLOB_NONE
 		                                         : (uint32_t)w->plan_template[p]};
 		if (!PUSH(w, PLANS, rec) ||
 		    !buf_push(&w->sec[KILN_SEC_ACTIONS], pool->actions[p], (size_t)c->sets[k].n_units))
@@ -535,7 +566,7 @@ static int write_groups(writer *w)
 {
 	const kiln_compilation *c = w->c;
 	for (int32_t k = 0; k < c->n_sets; k++) {
-		kiln_blob_group rec = {.set = (uint32_t)k, .plan = UINT32_MAX};
+		kiln_blob_group rec = {.set = (uint32_t)k, .plan = KILN_BLOB_NONE};
 		const kiln_group_fallback *gf = c->groups ? &c->groups[k] : NULL;
 		if (gf && gf->plan >= 0) {
 			rec.plan = (uint32_t)gf->plan;
@@ -595,7 +626,7 @@ static int assemble(writer *w, unsigned char **out, size_t *out_len)
 	    .n_layers = (uint32_t)(w->sec[KILN_SEC_LAYERS].len / sizeof(kiln_blob_layer)),
 	    .n_model_layers = (uint32_t)c->model->layers,
 	    .n_buckets = (uint32_t)c->n_buckets,
-	    .solver = c->solver == KILN_SOLVER_MILP,
+	    .solver = (uint32_t)c->solver,
 	    .max_factor = c->model->max_factor,
 	};
 	if (w->strings.failed)

@@ -63,8 +63,7 @@ void kiln_plans_text(const kiln_compilation *c, FILE *out)
 	        "%s: %d unit sets x %d load buckets (0 to %.3g), %d distinct frontiers, %d "
 	        "distinct plans, solver %s\n\n",
 	        kiln_text_escape(m->name, strlen(m->name), sizeof nb, nb), c->n_sets, c->n_buckets,
-	        m->max_factor, c->pool->n_frontiers, c->pool->n,
-	        c->solver == KILN_SOLVER_MILP ? "milp" : "dp");
+	        m->max_factor, c->pool->n_frontiers, c->pool->n, kiln_solver_name(c->solver));
 	/* Small devices read better in MiB, as in the report. */
 	double unit = (m->hw.memory_gib - m->hw.reserved_gib) >= 1.0 ? 1073741824.0 : 1048576.0;
 	char u = unit > 1048576.0 ? 'G' : 'M';
@@ -122,7 +121,7 @@ kiln_json *kiln_plans_json(const kiln_compilation *c)
 	kiln_json_add_i64(root, "kiln_plan", 1);
 	kiln_json_add_string(root, "model", m->name);
 	kiln_json_add_string(root, "path", m->path);
-	kiln_json_add_string(root, "solver", c->solver == KILN_SOLVER_MILP ? "milp" : "dp");
+	kiln_json_add_string(root, "solver", kiln_solver_name(c->solver));
 	kiln_json_add_number(root, "max_factor", m->max_factor);
 	kiln_json *buckets = kiln_json_add_array(root, "buckets");
 	for (int32_t b = 0; b < c->n_buckets; b++)

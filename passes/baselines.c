@@ -248,14 +248,18 @@ static int recipes_init(recipes *w, const kiln_compilation *c, double load, bool
 		memset(w->memo, 0, sizeof(memo *) * (size_t)w->n_memo * MEMO_SLOTS);
 	}
 	for (int32_t s = 0; s < g->n_stages; s++) {
-		int32_t per_chunk[64] = {0};
+		/* Layers per virtual pipeline chunk of the stage (ly->chunk < vpp);
+		 * chunks past MAX_CHUNKS, which no description reaches, are not
+		 * counted. */
+		enum { MAX_CHUNKS = 64 };
+		int32_t per_chunk[MAX_CHUNKS] = {0};
 		w->base_us[s] = 0;
 		for (int32_t l = g->stages[s].layer_begin; l < g->stages[s].layer_end; l++) {
 			const kiln_ir_layer *ly = &g->layers[l];
 			double nl = ly->kind == KILN_LAYER_MOE ? load * ly->n_balanced : 0;
 			for (int32_t o = ly->op_begin; o < ly->op_end; o++)
 				w->base_us[s] += kiln_cost_op_time_us(g, &g->ops[o], nl);
-			if (ly->index >= 0 && ly->chunk >= 0 && ly->chunk < 64 &&
+			if (ly->index >= 0 && ly->chunk >= 0 && ly->chunk < MAX_CHUNKS &&
 			    ++per_chunk[ly->chunk] > w->max_block)
 				w->max_block = per_chunk[ly->chunk];
 		}

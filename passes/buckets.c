@@ -10,14 +10,14 @@ int kiln_plan_buckets(double max_factor, kiln_arena *a, double **out_edges, int3
 	/* Coarse below the steady state, where loads are rare and cheap to
 	 * over-provision; fine just above 1.0, where 97% of iterations live
 	 * (DESIGN.md section 1); 0.1 apart in the spike range. */
-	double tmp[256];
+	double tmp[KILN_PLAN_MAX_BUCKETS];
 	int32_t n = 0;
 	static const double low[] = {0.25, 0.5, 0.75, 0.9, 1.0};
 	for (size_t i = 0; i < sizeof low / sizeof low[0]; i++)
 		tmp[n++] = low[i];
 	for (int k = 1; k <= 10; k++)
 		tmp[n++] = 1.0 + 0.05 * k; /* 1.05 .. 1.5 */
-	for (int k = 1; n < 250; k++)
+	for (int k = 1; n < KILN_PLAN_MAX_BUCKETS; k++)
 		tmp[n++] = 1.5 + 0.1 * k; /* 1.6 .. */
 	/* Cut at max_factor, which becomes the last edge. */
 	int32_t m = 0;

@@ -18,6 +18,12 @@ int kiln_pass_lower(const kiln_model *m, kiln_arena *a, kiln_ir_graph **out);
 /* pipeline.c */
 
 typedef enum { KILN_SOLVER_DP, KILN_SOLVER_MILP } kiln_solver;
+#define KILN_SOLVER_COUNT 2
+/* The solver's name, as --solver takes it and the outputs print it ("dp",
+ * "milp"); "?" for a value that is no kiln_solver. */
+const char *kiln_solver_name(int s);
+/* The solver named `name` in *out; returns 0, or -1 for no solver's name. */
+int kiln_solver_parse(const char *name, kiln_solver *out);
 
 typedef struct kiln_unit_set kiln_unit_set;
 typedef struct kiln_plan_table kiln_plan_table;
@@ -244,6 +250,13 @@ int kiln_plan_valid(const kiln_unit_set *set, const uint8_t *actions);
 void kiln_plan_actions(const kiln_plan_instance *in, const kiln_plan_point *p, uint8_t *out);
 
 /* buckets.c */
+
+/* The most load buckets kiln_plan_buckets makes (edges up to 25.6 and
+ * max_factor, well past the frontend's largest load.max_factor, 16: 160
+ * buckets). Every bucket array and bitset over one compilation's buckets
+ * has room for this many; the blob's loader accepts up to
+ * KILN_BLOB_MAX_BUCKETS. */
+#define KILN_PLAN_MAX_BUCKETS 256
 
 /* Load buckets: upper edges from 0 to load.max_factor, 0.25 apart below
  * 0.75, then 0.9, 1.0, 0.05 apart up to 1.5, 0.1 apart above, with

@@ -66,6 +66,24 @@ static const struct {
 
 #define N_PASSES (sizeof(passes) / sizeof(passes[0]))
 
+static const char *const SOLVER_NAMES[KILN_SOLVER_COUNT] = {
+    [KILN_SOLVER_DP] = "dp", [KILN_SOLVER_MILP] = "milp"};
+
+const char *kiln_solver_name(int s)
+{
+	return s >= 0 && s < KILN_SOLVER_COUNT ? SOLVER_NAMES[s] : "?";
+}
+
+int kiln_solver_parse(const char *name, kiln_solver *out)
+{
+	for (int s = 0; s < KILN_SOLVER_COUNT; s++)
+		if (strcmp(name, SOLVER_NAMES[s]) == 0) {
+			*out = (kiln_solver)s;
+			return 0;
+		}
+	return -1;
+}
+
 const char *kiln_pipeline_part_name(uint32_t part)
 {
 	switch (part) {

@@ -24,13 +24,7 @@ import sys
 # Cycles that exist and are not yet broken, each with why it stays for now.
 # A cycle found that is not listed fails the check, and so does a listed one
 # that is no longer found, so the list stays true.
-KNOWN = {
-    frozenset({"sim/oracle.c", "sim/policy.c"}): (
-        "policy.c builds the oracle policy (kiln_sim_oracle_new) and oracle.c "
-        "prices plans with policy.c's kiln_sim_plan_cost/_bytes/_policy_bucket; "
-        "breaking it moves the pricing into a file of its own while sim/policy.c "
-        "and sim/oracle.c are being changed elsewhere (issue 18)"),
-}
+KNOWN = {}  # none: the last (sim/oracle.c <-> sim/policy.c) went with sim/price.c
 
 DEFINED = set("TDBRCGSVW")  # nm's defined (global) symbol types
 

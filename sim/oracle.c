@@ -5,7 +5,7 @@
  * followed rank and stage it chooses every micro-batch's plans at once,
  * from the same plan tables kiln's runtime chooses from (the compilation's
  * tables, whose frontiers the blob carries), priced and sized exactly as
- * the simulator prices and sizes kiln's choices (sim/policy.c: the plan's
+ * the simulator prices and sizes kiln's choices (sim/price.c: the plan's
  * scheduled exposed time at its load bucket, cached per frontier point;
  * its bytes at the actual rows, rounded up to whole bytes), and under the
  * memory check sim/sim.c applies to every policy: after micro-batch i's
@@ -89,7 +89,6 @@ typedef struct obuf {
 } obuf;
 
 struct kiln_sim_oracle {
-	const kiln_sim_policy *pol;
 	const kiln_compilation *c;
 	/* Per (frontier, frontier point) the cost, NAN until computed at the
 	 * bucket of first use (as sim/policy.c caches kiln's). */
@@ -126,8 +125,7 @@ static int obuf_reserve(obuf *b, size_t n, size_t size)
 	return 0;
 }
 
-int kiln_sim_oracle_new(const kiln_sim_policy *p, const kiln_compilation *c, kiln_arena *a,
-                        FILE *err, kiln_sim_oracle **out)
+int kiln_sim_oracle_new(const kiln_compilation *c, kiln_arena *a, FILE *err, kiln_sim_oracle **out)
 {
 	*out = NULL;
 	if (!c->pool || !c->tables || c->n_buckets < 1) {
@@ -138,7 +136,6 @@ int kiln_sim_oracle_new(const kiln_sim_policy *p, const kiln_compilation *c, kil
 	if (!o)
 		return -1;
 	memset(o, 0, sizeof *o);
-	o->pol = p;
 	o->c = c;
 	o->costs = kiln_arena_alloc(a, sizeof(opoint *) * (size_t)(c->pool->n_frontiers + 1));
 	if (!o->costs)
@@ -186,8 +183,10 @@ static const opoint *point_of(kiln_sim_oracle *o, int32_t set, int32_t b, const 
 		double ex, serial, rec;
 		if (kiln_sim_plan_cost(o->c, set, b, act, &ex, &serial, &rec) != 0)
 			return NULL;
-		kiln_sim_plan_bytes(o->pol, set, act, &pt->res_base, &pt->res_per_n, &pt->tr_base,
-		                    &pt->tr_per_n);
+		kiln_sim_plan_form f;
+		kiln_sim_plan_form_of(o->c, set, act, &f);
+		pt->res_base = f.res_base, pt->res_per_n = f.res_per_n;
+		pt->tr_base = f.tr_base, pt->tr_per_n = f.tr_per_n;
 		pt->recompute_us = rec;
 		pt->exposed_us = ex;
 	}

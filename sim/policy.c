@@ -55,7 +55,7 @@ int kiln_sim_policy_parse_cf(const char *s, double *out_cf)
 		const char *v = s + sizeof cap - 1;
 		char *end = NULL;
 		double cf = strtod(v, &end);
-		if (end == v || *end != '\0' || !(cf > 0 && cf <= 64))
+		if (end == v || *end != '\0' || !(cf > 0 && cf <= KILN_SIM_MAX_CAPACITY_FACTOR))
 			return -1;
 		if (out_cf)
 			*out_cf = cf;
@@ -93,16 +93,8 @@ void kiln_sim_capacity_drop(const double *rows, int32_t n_experts, double capaci
 	*out_dropped = dropped;
 }
 
-/* A plan's bytes at n rows as two lines, base + per_n * n: its kept
- * units (resident), and its recomputed and offloaded ones with their
- * workspace (transient; an offload's workspace is zero). The sums are
- * taken once per plan, in whole bytes, so a decision costs two products. */
-typedef struct plan_form {
-	int32_t set;
-	double res_base, res_per_n;
-	double tr_base, tr_per_n;
-	double ws_base, ws_per_n; /* of the transient: the recompute workspace */
-} plan_form;
+/* A plan's bytes at n rows as two lines (sim/price.c). */
+typedef kiln_sim_plan_form plan_form;
 
 /* Costs of one plan at one bucket's upper edge. */
 typedef struct cost {
@@ -198,41 +190,9 @@ struct kiln_sim_policy {
 static plan_form *form_build(const kiln_sim_policy *p, int32_t set, const uint8_t *actions,
                              plan_form *f)
 {
-	if (!f)
-		return NULL;
-	const kiln_unit_set *S = &p->c->sets[set];
-	uint64_t res_base = 0, res_per_n = 0, tr_base = 0, tr_per_n = 0, ws_base = 0, ws_per_n = 0;
-	for (int32_t u = 0; u < S->n_units; u++) {
-		const kiln_unit *un = &S->units[u];
-		if (actions[u] == KILN_ACT_KEEP) {
-			res_base += un->bytes.base;
-			res_per_n += un->bytes.per_n;
-		} else if (actions[u] == KILN_ACT_RECOMPUTE || actions[u] == KILN_ACT_OFFLOAD) {
-			int ws = actions[u] == KILN_ACT_RECOMPUTE;
-			tr_base += un->bytes.base + (ws ? un->workspace_bytes.base : 0);
-			tr_per_n += un->bytes.per_n + (ws ? un->workspace_bytes.per_n : 0);
-			ws_base += ws ? un->workspace_bytes.base : 0;
-			ws_per_n += ws ? un->workspace_bytes.per_n : 0;
-		}
-	}
-	*f = (plan_form){.set = set,
-	                 .res_base = (double)res_base,
-	                 .res_per_n = (double)res_per_n,
-	                 .tr_base = (double)tr_base,
-	                 .tr_per_n = (double)tr_per_n,
-	                 .ws_base = (double)ws_base,
-	                 .ws_per_n = (double)ws_per_n};
+	if (f)
+		kiln_sim_plan_form_of(p->c, set, actions, f);
 	return f;
-}
-
-void kiln_sim_plan_bytes(const kiln_sim_policy *p, int32_t set, const uint8_t *actions,
-                         double *out_res_base, double *out_res_per_n, double *out_tr_base,
-                         double *out_tr_per_n)
-{
-	plan_form f;
-	form_build(p, set, actions, &f);
-	*out_res_base = f.res_base, *out_res_per_n = f.res_per_n;
-	*out_tr_base = f.tr_base, *out_tr_per_n = f.tr_per_n;
 }
 
 /* As the runtime's 64-bit fields take a double: NaN and negatives 0, at or
@@ -255,57 +215,11 @@ static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int3
 	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
 }
 
-/* Forward time of the ops recomputing a plan re-runs (each op once, even
- * when several units share it), at load n. */
-static double recompute_us(const kiln_compilation *c, const kiln_unit_set *set,
-                           const uint8_t *actions, double n)
-{
-	const kiln_ir_graph *g = c->graph;
-	const kiln_ir_layer *L = &g->layers[set->layer];
-	int32_t n_ops = L->op_end - L->op_begin;
-	uint8_t seen[4096];
-	if (n_ops > (int32_t)sizeof seen)
-		return 0;
-	memset(seen, 0, (size_t)n_ops);
-	double us = 0, nl = set->kind == KILN_LAYER_MOE ? n : 0;
-	for (int32_t u = 0; u < set->n_units; u++) {
-		if (actions[u] != KILN_ACT_RECOMPUTE)
-			continue;
-		for (int32_t k = 0; k < set->units[u].n_closure; k++) {
-			int32_t op = set->units[u].closure[k];
-			if (op < L->op_begin || op >= L->op_end || seen[op - L->op_begin])
-				continue;
-			seen[op - L->op_begin] = 1;
-			us += kiln_cost_op_time_us(g, &g->ops[op], nl);
-		}
-	}
-	return us;
-}
-
 static int cost_of(const kiln_compilation *c, int32_t set, int32_t bucket, const uint8_t *actions,
                    cost *out)
 {
-	kiln_arena *scratch = kiln_arena_new();
-	if (!scratch)
-		return -1;
-	const kiln_plan_table *t = table(c, set, bucket);
-	int rc = kiln_interleave_exposed(c, t, actions, scratch, &out->exposed_us, &out->serial_us);
-	out->recompute_us = recompute_us(c, &c->sets[set], actions, t->n);
-	kiln_arena_free(scratch);
-	return rc;
-}
-
-int kiln_sim_plan_cost(const kiln_compilation *c, int32_t set, int32_t bucket,
-                       const uint8_t *actions, double *out_exposed_us, double *out_serial_us,
-                       double *out_recompute_us)
-{
-	cost co;
-	if (cost_of(c, set, bucket, actions, &co) != 0)
-		return -1;
-	*out_exposed_us = co.exposed_us;
-	*out_serial_us = co.serial_us;
-	*out_recompute_us = co.recompute_us;
-	return 0;
+	return kiln_sim_plan_cost(c, set, bucket, actions, &out->exposed_us, &out->serial_us,
+	                          &out->recompute_us);
 }
 
 /* kiln's static plan for one unit set (the ablation policies
@@ -1419,7 +1333,7 @@ int kiln_sim_policy_new_stash(kiln_sim_policy_kind k, const kiln_compilation *c,
 			p->group_costs[i] = (cost){NAN, NAN, NAN};
 	} else if (k == KILN_SIM_ORACLE) {
 		/* Decides a stage at a time through sim/oracle.c (sim.c). */
-		if (kiln_sim_oracle_new(p, c, a, err, &p->oracle) != 0)
+		if (kiln_sim_oracle_new(c, a, err, &p->oracle) != 0)
 			return -1;
 	} else if (prepare_static(p, a) != 0) {
 		return -1;
@@ -1637,10 +1551,11 @@ int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const u
 	cold |= !p->hot_actions;
 	hot &= p->hot_actions != NULL;
 	int32_t nb =
-	    p->c->n_buckets < KILN_SIM_MAX_BUCKETS ? p->c->n_buckets : KILN_SIM_MAX_BUCKETS;
+	    p->c->n_buckets < KILN_PLAN_MAX_BUCKETS ? p->c->n_buckets : KILN_PLAN_MAX_BUCKETS;
 	double most = 0;
 	for (int32_t k = 0; k < nb; k++) {
-		if (!(buckets[k / 64] >> (k % 64) & 1))
+		if (!(buckets[k / KILN_SIM_BUCKET_WORD_BITS] >> (k % KILN_SIM_BUCKET_WORD_BITS) &
+		      1))
 			continue;
 		const cost *co;
 		double ex;
@@ -1730,15 +1645,6 @@ const char *kiln_sim_policy_flags(const kiln_sim_policy *p)
 double kiln_sim_policy_cf(const kiln_sim_policy *p)
 {
 	return p->kind == KILN_SIM_MEGATRON_CAPACITY ? p->cf : 0;
-}
-
-int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, double n, double *r)
-{
-	const kiln_unit_set *S = &c->sets[set];
-	double bal = S->kind == KILN_LAYER_MOE ? c->graph->layers[S->layer].n_balanced : 0;
-	*r = bal > 0 ? n / bal : 0;
-	int32_t b = kiln_plan_bucket_of(c->buckets, c->n_buckets, *r);
-	return b >= c->n_buckets ? c->n_buckets - 1 : b;
 }
 
 kiln_sim_oracle *kiln_sim_policy_oracle(const kiln_sim_policy *p)

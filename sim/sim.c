@@ -312,7 +312,7 @@ typedef struct envelope {
  * the trigger is the EP group's, the same for every rank. */
 #define ROW_SLOTS 32
 typedef struct row_buckets {
-	uint64_t bits[KILN_SIM_MAX_BUCKETS / 64];
+	uint64_t bits[KILN_PLAN_MAX_BUCKETS / KILN_SIM_BUCKET_WORD_BITS];
 	int cold, hot;
 	/* Per (bucket, trigger) the ranks take, the largest factor among
 	 * them; n_slots -1 when more than ROW_SLOTS (the bits then stand). */
@@ -342,8 +342,9 @@ static void envelope_rows(const world *w, const double *loads, const uint8_t *tr
 				/* n as run_rank computes it, then as the policy does. */
 				double f, n = v[r] * w->moe_nbal[k];
 				int32_t x = kiln_sim_policy_bucket(w->c, set, n, &f);
-				x = x < KILN_SIM_MAX_BUCKETS ? x : KILN_SIM_MAX_BUCKETS - 1;
-				b->bits[x / 64] |= (uint64_t)1 << (x % 64);
+				x = x < KILN_PLAN_MAX_BUCKETS ? x : KILN_PLAN_MAX_BUCKETS - 1;
+				b->bits[x / KILN_SIM_BUCKET_WORD_BITS] |=
+				    (uint64_t)1 << (x % KILN_SIM_BUCKET_WORD_BITS);
 				(void)f;
 				b->cold |= !hot;
 				b->hot |= hot;
@@ -791,17 +792,21 @@ typedef struct run {
 	size_t *stage_rows, *stage_begin, *all_rows;
 	/* Per policy, this iteration: the slowest group's time, whether a
 	 * device ran out of memory, the exposed recompute and copies. */
-	double worst[64], rec[64], copy[64];
-	double routed[64], dropped[64]; /* megatron-capacity: expert rows routed and dropped */
-	int oom[64];
+	double worst[KILN_SIM_MAX_POLICIES], rec[KILN_SIM_MAX_POLICIES],
+	    copy[KILN_SIM_MAX_POLICIES];
+	double routed[KILN_SIM_MAX_POLICIES];  /* megatron-capacity: expert rows routed */
+	double dropped[KILN_SIM_MAX_POLICIES]; /* ... and dropped */
+	int oom[KILN_SIM_MAX_POLICIES];
 	/* megatron-paged-stash, this iteration: the rerun's slowest group,
 	 * failure, exposed times and peaks (per policy, p stages each), and
 	 * the first attempt's triggers and the most any device spilled. */
-	double worst2[64], rec2[64], copy2[64], spilled[64];
-	int oom2[64], overflow[64], over_budget2[64];
+	double worst2[KILN_SIM_MAX_POLICIES], rec2[KILN_SIM_MAX_POLICIES];
+	double copy2[KILN_SIM_MAX_POLICIES], spilled[KILN_SIM_MAX_POLICIES];
+	int oom2[KILN_SIM_MAX_POLICIES], overflow[KILN_SIM_MAX_POLICIES];
+	int over_budget2[KILN_SIM_MAX_POLICIES];
 	double *peak2;
 	double *iter_sum, *since_ckpt;
-	int32_t order[64]; /* the policies in the order the threads take them */
+	int32_t order[KILN_SIM_MAX_POLICIES]; /* the policies in the order the threads take them */
 	atomic_int next;   /* the next of order to take in this group */
 	atomic_int failed; /* a pipeline failed to simulate */
 	pthread_barrier_t phase;
@@ -1156,7 +1161,7 @@ static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, in
 		for (int32_t x = 0; x < w->ep; x++)
 			run_rank(pw, pol, unb, &env, x, 1, 1, 1, 0, pw->p, sc);
 	} else if (pw->monotone && w->ep > 1 && pw->c->n_sets > 0 &&
-	           pw->c->n_buckets <= KILN_SIM_MAX_BUCKETS &&
+	           pw->c->n_buckets <= KILN_PLAN_MAX_BUCKETS &&
 	           kiln_sim_policy_exposed_bound(pol, 0, r->rb[0].bits, 1, 0, &probe) == 0) {
 		/* A static policy: its decisions ignore free memory, so a
 		 * layer's time depends on its load alone and the envelope
@@ -1561,8 +1566,9 @@ int kiln_sim_run(const kiln_sim_config *cfg, const kiln_sim_policy_kind *policie
 		             "model's pipeline\n");
 		return -1;
 	}
-	if (n < 1 || n > 64) {
-		fprintf(err, "kilnc: error: simulate: 1 to 64 policies at a time, got %d\n", (int)n);
+	if (n < 1 || n > KILN_SIM_MAX_POLICIES) {
+		fprintf(err, "kilnc: error: simulate: 1 to %d policies at a time, got %d\n",
+		        KILN_SIM_MAX_POLICIES, (int)n);
 		return -1;
 	}
 	int32_t threads = threads_for(cfg, n);

@@ -310,10 +310,15 @@ const char *kiln_sim_policy_models(kiln_sim_policy_kind k);
 /* The policy named s, or -1. "megatron-selective" is an alias of
  * "megatron" (whose search covers every module set it tried), and
  * "megatron-capacity:CF" names megatron-capacity at capacity factor CF
- * (a number in (0, 64]), stored in *out_cf when out_cf is set; without
+ * (a number in (0, KILN_SIM_MAX_CAPACITY_FACTOR]), stored in *out_cf when out_cf is set; without
  * ":CF", *out_cf is 0 (the default: the description's factor, else 1). */
 int kiln_sim_policy_parse(const char *s);
 int kiln_sim_policy_parse_cf(const char *s, double *out_cf);
+/* The largest capacity factor megatron-capacity:CF takes (64 times the
+ * balanced rows per expert: past any load a shipped profile produces). */
+#define KILN_SIM_MAX_CAPACITY_FACTOR 64
+/* Policies one simulation runs side by side at most (--policy P,P,...). */
+#define KILN_SIM_MAX_POLICIES 64
 /* The capacity factor megatron-capacity runs at: cf when positive, else
  * the description's moe_expert_capacity_factor, else 1. */
 double kiln_sim_capacity_factor(const kiln_model *m, double cf);
@@ -393,11 +398,6 @@ void kiln_sim_policy_decide_group(const kiln_sim_policy *p, int32_t set, int32_t
                                   double free_bytes, uint32_t pending, uint32_t microbatch,
                                   double held_bytes, const uint32_t *group_rows, int32_t group_size,
                                   kiln_sim_choice *out);
-
-/* The load bucket a static policy's decision for unit set `set` at n rows
- * takes (the bucket holding the load factor r = n / balanced rows, the last
- * beyond it), with r. */
-int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, double n, double *r);
 
 /* For a static policy: the two lines of its plan's bytes for unit set
  * `set`, base + per_n * n for what it keeps (resident) and for its backward
@@ -532,15 +532,17 @@ double kiln_sim_policy_cf(const kiln_sim_policy *p);
 void kiln_sim_capacity_drop(const double *rows, int32_t n_experts, double capacity_rows,
                             double *out_kept, double *out_dropped);
 
-/* Buckets a bucket set (kiln_sim_policy_exposed_bound) can name: every
- * compilation has at most this many (passes/plan.c). */
-#define KILN_SIM_MAX_BUCKETS 256
+/* A bucket set (kiln_sim_policy_exposed_bound): bucket k is bit
+ * k % KILN_SIM_BUCKET_WORD_BITS of word k / KILN_SIM_BUCKET_WORD_BITS of
+ * uint64_t words, with room for every bucket a compilation has
+ * (KILN_PLAN_MAX_BUCKETS, passes/passes.h). */
+#define KILN_SIM_BUCKET_WORD_BITS 64
 
 /* For a static policy (every policy but the kiln ones that decide through
  * the runtime): *out is the largest exposed time (serial time for the
  * serial ablation) of its decision for unit set `set` over the load
- * buckets in the bitset `buckets` (bucket k is bit k % 64 of word k / 64,
- * KILN_SIM_MAX_BUCKETS bits), taking mindspeed's untriggered plan when cold
+ * buckets in the bitset `buckets` (a bucket set, KILN_PLAN_MAX_BUCKETS
+ * bits), taking mindspeed's untriggered plan when cold
  * and its triggered plan when hot. It does not depend on free
  * memory, so it is at least the exposed time of every decision at a load
  * in those buckets. The statistical method times a layer by it
@@ -549,30 +551,51 @@ void kiln_sim_capacity_drop(const double *rows, int32_t n_experts, double capaci
 int kiln_sim_policy_exposed_bound(const kiln_sim_policy *p, int32_t set, const uint64_t *buckets,
                                   int cold, int hot, double *out);
 
-/* For sim/oracle.c, as the policies price and size kiln's plans: plan
- * `actions` of unit set `set` scheduled at load bucket `bucket`
- * (kiln_interleave_exposed, plus the recompute time; docs/simulator.md,
- * "What a static plan costs"), returns 0 or -1 when it cannot be
- * scheduled; and its bytes as two lines in n rows (resident, transient:
- * base + per_n * n, whole bytes per unit). */
+/* ---------------------------------------------------------------- price.c */
+
+/* What a plan of kiln's tables costs and holds, as every policy and the
+ * oracle price and size it (docs/simulator.md, "What a static plan costs"). */
+
+/* The load bucket a static policy's decision for unit set `set` at n rows
+ * takes (the bucket holding the load factor r = n / balanced rows, the last
+ * beyond it), with r. */
+int32_t kiln_sim_policy_bucket(const struct kiln_compilation *c, int32_t set, double n, double *r);
+
+/* A plan's bytes at n rows as two lines, base + per_n * n: its kept
+ * units (resident), and its recomputed and offloaded ones with their
+ * workspace (transient; an offload's workspace is zero). The sums are
+ * taken once per plan, in whole bytes, so a decision costs two products. */
+typedef struct kiln_sim_plan_form {
+	int32_t set;
+	double res_base, res_per_n;
+	double tr_base, tr_per_n;
+	double ws_base, ws_per_n; /* of the transient: the recompute workspace */
+} kiln_sim_plan_form;
+
+/* The form of plan `actions` (one kiln_action per unit of set `set` of c,
+ * borrowed) in *out. */
+void kiln_sim_plan_form_of(const struct kiln_compilation *c, int32_t set, const uint8_t *actions,
+                           kiln_sim_plan_form *out);
+
+/* Plan `actions` of unit set `set` scheduled at load bucket `bucket`
+ * (kiln_interleave_exposed, plus the recompute time of the ops it re-runs
+ * at the bucket's load): returns 0, or -1 when it cannot be scheduled (the
+ * outputs then untouched). */
 int kiln_sim_plan_cost(const struct kiln_compilation *c, int32_t set, int32_t bucket,
                        const uint8_t *actions, double *out_exposed_us, double *out_serial_us,
                        double *out_recompute_us);
-void kiln_sim_plan_bytes(const kiln_sim_policy *p, int32_t set, const uint8_t *actions,
-                         double *out_res_base, double *out_res_per_n, double *out_tr_base,
-                         double *out_tr_per_n);
 
 /* ---------------------------------------------------------------- oracle.c */
 
 /* The clairvoyant oracle (docs/simulator.md, "The oracle"). */
 typedef struct kiln_sim_oracle kiln_sim_oracle;
 
-/* The oracle of policy p (kind KILN_SIM_ORACLE) for compilation c
+/* The oracle (the policy of kind KILN_SIM_ORACLE) for compilation c
  * (borrowed, finished); arena-owned, its caches freed by
  * kiln_sim_oracle_free. Returns 0, or -1 (a message on err) when c has no
  * plan tables or on exhaustion. Used by one thread at a time. */
-int kiln_sim_oracle_new(const kiln_sim_policy *p, const struct kiln_compilation *c, kiln_arena *a,
-                        FILE *err, kiln_sim_oracle **out);
+int kiln_sim_oracle_new(const struct kiln_compilation *c, kiln_arena *a, FILE *err,
+                        kiln_sim_oracle **out);
 void kiln_sim_oracle_free(kiln_sim_oracle *o);
 /* The oracle of a policy, NULL for every policy but oracle (policy.c). */
 kiln_sim_oracle *kiln_sim_policy_oracle(const kiln_sim_policy *p);

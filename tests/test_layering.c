@@ -1,7 +1,9 @@
 /* tests/test_layering.c: the tree's layering rules (docs/passes.md,
  * "Layering"): no file-level dependency cycle among the C files
  * (scripts/file_cycles.py over this build's objects), and the one table of
- * action names (kiln_rt_action_name).
+ * names per concept: actions (kiln_rt_action_name), solvers
+ * (kiln_solver_name), streams and task kinds (kiln_stream_name,
+ * kiln_task_kind_name, which kilnc inspect prints the blob's values with).
  */
 #include <criterion/criterion.h>
 #include <libgen.h>
@@ -12,6 +14,7 @@
 
 #include "kiln/runtime.h"
 #include "kiln_test.h"
+#include "passes/passes.h"
 
 /* The build folder this test binary was built in: the kilnc beside it. */
 static const char *build_dir(void)
@@ -32,6 +35,8 @@ Test(layering, no_file_cycles_in_this_build)
 	cr_assert_eq(rc, 0, "scripts/file_cycles.py found a cycle:\n%s", out);
 	/* It looked at the real tree: the compiler, the driver and the runtime. */
 	cr_assert(strstr(out, " files, ") != NULL, "%s", out);
+	/* No cycle at all: the script's list of known ones is empty. */
+	cr_assert(strstr(out, " files, 0 cycles (0 not allowed)\n") != NULL, "%s", out);
 	free(out);
 }
 
@@ -77,4 +82,41 @@ Test(layering, action_names)
 	cr_assert_str_eq(kiln_rt_action_name(KILN_RT_OFFLOAD), "offload");
 	cr_assert_str_eq(kiln_rt_action_name(3), "?");
 	cr_assert_str_eq(kiln_rt_action_name(-1), "?");
+}
+
+/* The solver names are the contract of --solver and of the JSON's "solver"
+ * key (docs/cli.md: "dp", "milp"), written here independently of the table;
+ * parsing a name gives back the solver that prints it. */
+Test(layering, solver_names)
+{
+	cr_assert_str_eq(kiln_solver_name(KILN_SOLVER_DP), "dp");
+	cr_assert_str_eq(kiln_solver_name(KILN_SOLVER_MILP), "milp");
+	cr_assert_str_eq(kiln_solver_name(KILN_SOLVER_COUNT), "?");
+	cr_assert_str_eq(kiln_solver_name(-1), "?");
+	kiln_solver s = KILN_SOLVER_DP;
+	cr_assert_eq(kiln_solver_parse("milp", &s), 0);
+	cr_assert_eq(s, KILN_SOLVER_MILP);
+	cr_assert_eq(kiln_solver_parse("dp", &s), 0);
+	cr_assert_eq(s, KILN_SOLVER_DP);
+	cr_assert_eq(kiln_solver_parse("glpk", &s), -1);
+	cr_assert_eq(kiln_solver_parse("", &s), -1);
+	cr_assert_eq(kiln_solver_parse("DP", &s), -1);
+	cr_assert_eq(s, KILN_SOLVER_DP, "a failed parse leaves the solver alone");
+}
+
+/* kilnc inspect names a template task's stream and kind with the compiler's
+ * tables, through the runtime's values: the blob's values and the
+ * compiler's enums agree (codegen/blob.c asserts it at build time), so each
+ * runtime value prints as the name docs/cli.md gives it. */
+Test(layering, stream_and_task_kind_names)
+{
+	cr_assert_str_eq(kiln_stream_name((kiln_stream)KILN_RT_STREAM_COMPUTE), "compute");
+	cr_assert_str_eq(kiln_stream_name((kiln_stream)KILN_RT_STREAM_COMM), "comm");
+	cr_assert_str_eq(kiln_stream_name((kiln_stream)KILN_RT_STREAM_D2H), "d2h");
+	cr_assert_str_eq(kiln_stream_name((kiln_stream)KILN_RT_STREAM_H2D), "h2d");
+	cr_assert_str_eq(kiln_task_kind_name((kiln_task_kind)KILN_RT_TASK_FORWARD), "forward");
+	cr_assert_str_eq(kiln_task_kind_name((kiln_task_kind)KILN_RT_TASK_BACKWARD), "backward");
+	cr_assert_str_eq(kiln_task_kind_name((kiln_task_kind)KILN_RT_TASK_RECOMPUTE), "recompute");
+	cr_assert_str_eq(kiln_task_kind_name((kiln_task_kind)KILN_RT_TASK_COPY), "copy");
+	cr_assert_str_eq(kiln_task_kind_name((kiln_task_kind)KILN_RT_TASK_COMM), "comm");
 }

@@ -16,18 +16,25 @@
 #include "codegen/codegen.h"
 #include "kiln/blob.h"
 #include "kiln/runtime.h"
+#include "passes/passes.h"
 #include "tools/tools.h"
 
+/* A template task's stream and kind, a layer's kind: the compiler's names
+ * (kiln_stream_name, kiln_task_kind_name, kiln_ir_layer_kind_name), whose
+ * enums are the blob's values (codegen/blob.c asserts it). */
 static const char *stream_name(int s)
 {
-	static const char *names[] = {"compute", "comm", "d2h", "h2d"};
-	return s >= 0 && s < 4 ? names[s] : "?";
+	return s >= 0 && s < KILN_STREAM_COUNT ? kiln_stream_name((kiln_stream)s) : "?";
 }
 
 static const char *kind_name(int k)
 {
-	static const char *names[] = {"forward", "backward", "recompute", "copy", "comm"};
-	return k >= 0 && k < 5 ? names[k] : "?";
+	return k >= 0 && k < KILN_TASK_KIND_COUNT ? kiln_task_kind_name((kiln_task_kind)k) : "?";
+}
+
+static const char *layer_kind_name(int moe)
+{
+	return kiln_ir_layer_kind_name(moe ? KILN_LAYER_MOE : KILN_LAYER_DENSE);
 }
 
 static const char *section_name(int id)
@@ -291,8 +298,9 @@ static void inspect_text(const kiln_rt *rt, const char *path, const unsigned cha
 	for (int32_t k = 0; k < n; k++) {
 		kiln_rt_layer_info li;
 		kiln_rt_layer_get(rt, reps[k], &li);
-		printf("\nstage %d %s layers (%d, first %d): %d units\n", li.stage, li.moe ? "moe" : "dense",
-		       layers_of(rt, li.stage, li.moe), reps[k], li.n_units);
+		printf("\nstage %d %s layers (%d, first %d): %d units\n", li.stage,
+		       layer_kind_name(li.moe), layers_of(rt, li.stage, li.moe), reps[k],
+		       li.n_units);
 		printf("  %-3s %-28s %-22s %14s %14s\n", "#", "unit", "flags", "base bytes",
 		       "bytes per row");
 		for (int32_t u = 0; u < li.n_units; u++) {
@@ -421,7 +429,7 @@ static kiln_json *inspect_json(const kiln_rt *rt, const char *path, const unsign
 		kiln_rt_layer_get(rt, reps[k], &li);
 		kiln_json *o = kiln_json_add_object(kinds, NULL);
 		kiln_json_add_i64(o, "stage", li.stage);
-		kiln_json_add_string(o, "kind", li.moe ? "moe" : "dense");
+		kiln_json_add_string(o, "kind", layer_kind_name(li.moe));
 		kiln_json_add_i64(o, "first_layer", reps[k]);
 		kiln_json_add_u64(o, "balanced_rows", li.balanced_rows);
 		kiln_json *us = kiln_json_add_array(o, "units");
@@ -747,7 +755,7 @@ int kilnc_select(int argc, char **argv)
 		kiln_json *doc = kiln_json_object();
 		kiln_json_add_i64(doc, "stage", q.stage);
 		kiln_json_add_i64(doc, "layer", q.layer);
-		kiln_json_add_string(doc, "kind", li.moe ? "moe" : "dense");
+		kiln_json_add_string(doc, "kind", layer_kind_name(li.moe));
 		kiln_json_add_u64(doc, "rows", rows);
 		kiln_json_add_number(doc, "load_factor", plan.load_factor);
 		kiln_json_add_i64(doc, "bucket", plan.bucket);
@@ -780,7 +788,7 @@ int kilnc_select(int argc, char **argv)
 	} else {
 		char b1[32], b2[32], b3[32], b4[32];
 		printf("stage %d, layer %d (%s, position %d): %" PRIu64 " rows", q.stage, q.layer,
-		       li.moe ? "moe" : "dense", li.position, rows);
+		       layer_kind_name(li.moe), li.position, rows);
 		if (li.moe)
 			printf(" = load factor %.3f -> bucket %d (up to %gx)\n", plan.load_factor,
 			       plan.bucket, ti.load_factor);

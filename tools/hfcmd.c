@@ -26,6 +26,10 @@
 
 /* A config.json is a few KB; the largest public ones are under 100 KB. */
 #define HF_MAX_BYTES ((off_t)16 << 20)
+/* The default expert parallel size is the largest divisor of the experts
+ * that divides tp x dp, up to this (docs/cli.md, --ep); --ep sets any
+ * other. */
+#define HF_DEFAULT_EP_MAX 64
 
 static const char HELP_IMPORT[] =
     "usage: kilnc import hf CONFIG.json --devices N [--tp T] [--pp P] [--ep E]\n"
@@ -43,25 +47,35 @@ static const char HELP_IMPORT[] =
     "  --devices N       devices of the whole job (required)\n"
     "  --tp T, --pp P    tensor and pipeline parallel sizes (default 1)\n"
     "  --ep E            expert parallel size (MoE; default: the largest divisor\n"
-    "                    of the experts that divides tp x dp, at most 64)\n"
-    "  --vpp V           virtual stages per pipeline rank (default 1; V > 1\n"
-    "                    uses the interleaved 1F1B schedule)\n"
-    "  --micro-batch B   sequences per micro-batch (default 1)\n"
-    "  --global-batch G  sequences per iteration (default: 4 x pp micro-batches\n"
-    "                    per data-parallel rank)\n"
-    "  --seq-len S       tokens per sequence (default 4096, or the config's\n"
-    "                    max_position_embeddings when smaller)\n"
-    "  --hardware H      a shipped profile (bw1000, h100-sxm, h200, mi300x) or\n"
-    "                    a profile file (default h100-sxm)\n"
-    "  --name NAME       the description's name (default: from the config's\n"
-    "                    _name_or_path, else its directory or file name)\n"
-    "  -o MODEL.yaml     write there (by the output rule of docs/cli.md), not\n"
-    "                    to stdout\n"
-    "\n"
-    "Exit status 1 for a config that cannot be read or imported, or a layout\n"
-    "the description cannot take (the frontend's errors); 2 for bad arguments.\n"
-    "Notes on stderr name what the description leaves out (tied embeddings,\n"
-    "multi-token prediction layers, sliding-window attention).\n";
+    "                    of the experts that divides tp x dp, at most " KILNC_STR(
+        HF_DEFAULT_EP_MAX) ")\n"
+                           "  --vpp V           virtual stages per pipeline rank (default 1; V > "
+                           "1\n"
+                           "                    uses the interleaved 1F1B schedule)\n"
+                           "  --micro-batch B   sequences per micro-batch (default 1)\n"
+                           "  --global-batch G  sequences per iteration (default: 4 x pp "
+                           "micro-batches\n"
+                           "                    per data-parallel rank)\n"
+                           "  --seq-len S       tokens per sequence (default 4096, or the "
+                           "config's\n"
+                           "                    max_position_embeddings when smaller)\n"
+                           "  --hardware H      a shipped profile (bw1000, h100-sxm, h200, mi300x) "
+                           "or\n"
+                           "                    a profile file (default h100-sxm)\n"
+                           "  --name NAME       the description's name (default: from the "
+                           "config's\n"
+                           "                    _name_or_path, else its directory or file name)\n"
+                           "  -o MODEL.yaml     write there (by the output rule of docs/cli.md), "
+                           "not\n"
+                           "                    to stdout\n"
+                           "\n"
+                           "Exit status 1 for a config that cannot be read or imported, or a "
+                           "layout\n"
+                           "the description cannot take (the frontend's errors); 2 for bad "
+                           "arguments.\n"
+                           "Notes on stderr name what the description leaves out (tied "
+                           "embeddings,\n"
+                           "multi-token prediction layers, sliding-window attention).\n";
 
 int kilnc_help_import(void)
 {
@@ -369,7 +383,7 @@ static int check_layout(layout *L, const shape *s)
 		if (!L->ep_given) {
 			int64_t g = gcd(s->experts, dp * L->tp);
 			L->ep = 1;
-			for (int64_t e = 1; e <= g && e <= 64; e++)
+			for (int64_t e = 1; e <= g && e <= HF_DEFAULT_EP_MAX; e++)
 				if (g % e == 0)
 					L->ep = e;
 		}

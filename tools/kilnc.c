@@ -232,7 +232,8 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 		                                                   &out->solver)) != 0) {
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
-			if (strcmp(out->solver, "dp") != 0 && strcmp(out->solver, "milp") != 0) {
+			kiln_solver solver;
+			if (kiln_solver_parse(out->solver, &solver) != 0) {
 				kilnc_usage_error("--solver must be dp or milp, got '%s'",
 				                  out->solver);
 				return EXIT_USAGE;
@@ -714,7 +715,9 @@ static int cmd_compile(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	kiln_compilation c = {.model = m, .arena = a};
-	c.solver = o.solver && strcmp(o.solver, "milp") == 0 ? KILN_SOLVER_MILP : KILN_SOLVER_DP;
+	c.solver = KILN_SOLVER_DP;
+	if (o.solver)
+		kiln_solver_parse(o.solver, &c.solver); /* checked with the options */
 	c.progress = isatty(2) ? stderr : NULL;
 	rc = kiln_pipeline_compile(&c, NULL, o.dump_after, stdout, stderr);
 	if (rc == -2) {

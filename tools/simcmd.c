@@ -350,7 +350,7 @@ int kilnc_simulate(int argc, char **argv)
 			if (k < 0 && strncmp(tok, "megatron-capacity:", 18) == 0)
 				return usage(
 				    "--policy: '%s': the capacity factor must be a number in "
-				    "(0, 64]",
+				    "(0, " KILNC_STR(KILN_SIM_MAX_CAPACITY_FACTOR) "]",
 				    tok);
 			if (k < 0)
 				return usage("--policy: unknown policy '%s' (see kilnc help simulate)", tok);

@@ -9,6 +9,11 @@
 
 #include "tools/output.h"
 
+/* A numeric constant's digits as a string literal, for messages and help
+ * texts that name one (KILNC_STR(KILN_SIM_MAX_POLICIES) is "64"). */
+#define KILNC_STR_(x) #x
+#define KILNC_STR(x) KILNC_STR_(x)
+
 /* Exit status (docs/cli.md). */
 enum { KILNC_EXIT_OK = 0, KILNC_EXIT_INPUT = 1, KILNC_EXIT_USAGE = 2, KILNC_EXIT_INFEASIBLE = 3 };
 

@@ -18,6 +18,24 @@
 /* The loader's sanity bound; larger files are refused before any parsing. */
 #define KILN_BLOB_MAX_BYTES (1u << 30)
 
+/* Values of the enumerated fields the records below carry (the writer's
+ * static assertions in codegen/blob.c hold the compiler's enums to them;
+ * the runtime's kiln_rt_action, kiln_rt_stream, kiln_rt_task_kind and
+ * KILN_RT_UNIT_* are the values of ACTIONS, chunk.stream, chunk.kind and
+ * unit.flags). */
+enum { KILN_BLOB_SOLVER_DP = 0, KILN_BLOB_SOLVER_MILP = 1 }; /* meta.solver */
+enum { KILN_BLOB_SET_DENSE = 0, KILN_BLOB_SET_MOE = 1 };     /* set.kind */
+/* Byte-wide indices: a set's units and chunks and a template's tasks are
+ * at most this many; a chunk that serves no unit has unit KILN_BLOB_NO_UNIT. */
+#define KILN_BLOB_MAX_INDEX 255
+#define KILN_BLOB_NO_UNIT 255
+/* A 32-bit index that points nowhere (plan.template_id, group.plan). */
+#define KILN_BLOB_NONE UINT32_MAX
+/* The loader's bounds on meta (docs/blob-format.md, META): load buckets
+ * per set at most, and the largest meta.max_factor. */
+#define KILN_BLOB_MAX_BUCKETS 1024
+#define KILN_BLOB_MAX_FACTOR 64
+
 /* Offset 0. The CRC32C covers the whole file except its own 4 bytes. */
 typedef struct kiln_blob_header {
 	char magic[8];
@@ -72,7 +90,7 @@ typedef struct kiln_blob_meta {
 	uint32_t n_layers;     /* planned layers (LAYERS records) */
 	uint32_t n_model_layers; /* transformer layers of the model */
 	uint32_t n_buckets;    /* load buckets per set */
-	uint32_t solver;       /* 0 dp, 1 milp */
+	uint32_t solver;       /* KILN_BLOB_SOLVER_* */
 	uint32_t reserved;     /* zero */
 	double max_factor;     /* load.max_factor */
 } kiln_blob_meta;
@@ -104,7 +122,7 @@ typedef struct kiln_blob_layer {
 
 typedef struct kiln_blob_set {
 	uint32_t stage;
-	uint32_t kind;         /* 0 dense, 1 moe */
+	uint32_t kind;         /* KILN_BLOB_SET_* */
 	uint32_t first_unit;   /* UNITS index */
 	uint32_t n_units;      /* <= 255 */
 	uint32_t first_chunk;  /* CHUNKS index */
@@ -151,7 +169,7 @@ typedef struct kiln_blob_chunk {
 	uint8_t stream;       /* kiln_rt_stream */
 	uint8_t kind;         /* kiln_rt_task_kind */
 	uint8_t chain;        /* 0 forward micro-batch, 1 backward micro-batch */
-	uint8_t unit;         /* the unit a copy or recompute chunk serves, or 255 */
+	uint8_t unit;         /* the unit a copy or recompute chunk serves, or KILN_BLOB_NO_UNIT */
 } kiln_blob_chunk;
 
 typedef struct kiln_blob_template {
