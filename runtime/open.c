@@ -17,7 +17,6 @@
 
 #define MAX_STAGES 65536u
 #define MAX_MODEL_LAYERS 65536u
-#define MAX_BUCKETS 1024u
 
 static int finite_nonneg(double v)
 {
@@ -142,9 +141,10 @@ static int check_meta(const kiln_rt *rt)
 		return KILN_RT_ECORRUPT;
 	const kiln_blob_meta *m = rt->meta;
 	if (!string_ok(rt, m->model_name) || !string_ok(rt, m->compiler) || m->reserved ||
-	    m->solver > 1 || m->n_stages == 0 || m->n_stages > MAX_STAGES ||
+	    m->solver > KILN_BLOB_SOLVER_MILP || m->n_stages == 0 || m->n_stages > MAX_STAGES ||
 	    m->n_model_layers == 0 || m->n_model_layers > MAX_MODEL_LAYERS || m->n_buckets == 0 ||
-	    m->n_buckets > MAX_BUCKETS || !(m->max_factor >= 1 && m->max_factor <= 64))
+	    m->n_buckets > KILN_BLOB_MAX_BUCKETS ||
+	    !(m->max_factor >= 1 && m->max_factor <= KILN_BLOB_MAX_FACTOR))
 		return KILN_RT_ECORRUPT;
 	if (rt->count[KILN_SEC_STAGES] != m->n_stages || rt->count[KILN_SEC_LAYERS] != m->n_layers ||
 	    m->n_layers > m->n_model_layers)
@@ -187,11 +187,12 @@ static int check_sets_units(const kiln_rt *rt)
 	uint64_t next_unit = 0, next_chunk = 0;
 	for (uint64_t k = 0; k < rt->count[KILN_SEC_SETS]; k++) {
 		const kiln_blob_set *s = &rt->sets[k];
-		if (s->stage >= rt->meta->n_stages || s->kind > 1 || s->first_unit != next_unit ||
-		    s->n_units > 255 || !range_ok(s->first_unit, s->n_units, rt->count[KILN_SEC_UNITS]) ||
-		    s->first_chunk != next_chunk || s->n_chunks > 255 ||
+		if (s->stage >= rt->meta->n_stages || s->kind > KILN_BLOB_SET_MOE ||
+		    s->first_unit != next_unit || s->n_units > KILN_BLOB_MAX_INDEX ||
+		    !range_ok(s->first_unit, s->n_units, rt->count[KILN_SEC_UNITS]) ||
+		    s->first_chunk != next_chunk || s->n_chunks > KILN_BLOB_MAX_INDEX ||
 		    !range_ok(s->first_chunk, s->n_chunks, rt->count[KILN_SEC_CHUNKS]) ||
-		    (s->kind == 0) != (s->balanced_rows == 0))
+		    (s->kind == KILN_BLOB_SET_DENSE) != (s->balanced_rows == 0))
 			return KILN_RT_ECORRUPT;
 		next_unit += s->n_units;
 		next_chunk += s->n_chunks;
@@ -199,7 +200,7 @@ static int check_sets_units(const kiln_rt *rt)
 			const kiln_blob_chunk *ch = &rt->chunks[c];
 			if (!string_ok(rt, ch->name) || ch->stream > KILN_RT_STREAM_H2D ||
 			    ch->kind > KILN_RT_TASK_COMM || ch->chain > 1 ||
-			    (ch->unit != 255 && ch->unit >= s->n_units))
+			    (ch->unit != KILN_BLOB_NO_UNIT && ch->unit >= s->n_units))
 				return KILN_RT_ECORRUPT;
 		}
 	}
@@ -275,7 +276,7 @@ static int check_plans_templates(const kiln_rt *rt)
 		if (!range_ok(pl->actions, nu, rt->count[KILN_SEC_ACTIONS]))
 			return KILN_RT_ECORRUPT;
 		next_action += nu;
-		if (pl->template_id != UINT32_MAX &&
+		if (pl->template_id != KILN_BLOB_NONE &&
 		    (pl->template_id >= n_tpl || rt->templates[pl->template_id].plan != p))
 			return KILN_RT_ECORRUPT;
 	}
@@ -285,7 +286,8 @@ static int check_plans_templates(const kiln_rt *rt)
 	for (uint64_t t = 0; t < n_tpl; t++) {
 		const kiln_blob_template *tp = &rt->templates[t];
 		if (tp->plan >= n_plans || rt->plans[tp->plan].template_id != t ||
-		    tp->first_task != next_task || tp->first_dep != next_dep || tp->n_tasks > 255 ||
+		    tp->first_task != next_task || tp->first_dep != next_dep ||
+		    tp->n_tasks > KILN_BLOB_MAX_INDEX ||
 		    !range_ok(tp->first_task, tp->n_tasks, rt->count[KILN_SEC_TASKS]) ||
 		    !range_ok(tp->first_dep, tp->n_deps, rt->count[KILN_SEC_DEPS]) ||
 		    !finite_nonneg(tp->makespan_us) || !finite_nonneg(tp->serial_us) ||
@@ -325,9 +327,11 @@ static int check_tables(const kiln_rt *rt, uint32_t *src, uint32_t *scratch)
 		const kiln_blob_set *s = &rt->sets[k];
 		for (uint32_t b = 0; b < nb; b++) {
 			const kiln_blob_bucket *bk = &rt->buckets[k * nb + b];
-			if (!(bk->load_factor > 0 && bk->load_factor <= rt->meta->max_factor * (1 + 1e-9)) ||
+			if (!(bk->load_factor > 0 &&
+			      bk->load_factor <= rt->meta->max_factor * (1 + 1e-9)) ||
 			    (b > 0 && !(bk->load_factor > bk[-1].load_factor)) ||
-			    (b > 0 && bk->max_rows < bk[-1].max_rows) || (s->kind == 0 && bk->max_rows))
+			    (b > 0 && bk->max_rows < bk[-1].max_rows) ||
+			    (s->kind == KILN_BLOB_SET_DENSE && bk->max_rows))
 				return KILN_RT_ECORRUPT;
 			uint64_t ti = k * nb + b;
 			const kiln_blob_table *t = &rt->tables[ti];
@@ -396,7 +400,7 @@ static int check_groups(const kiln_rt *rt)
 		if (g->set != k || !finite_nonneg(g->exposed_base_us) ||
 		    !finite_nonneg(g->exposed_per_row_us))
 			return KILN_RT_ECORRUPT;
-		if (g->plan == UINT32_MAX) {
+		if (g->plan == KILN_BLOB_NONE) {
 			if (g->fit_rows || g->resident_base_bytes || g->resident_per_row_bytes ||
 			    g->saved_base_bytes || g->saved_per_row_bytes ||
 			    g->transient_base_bytes || g->transient_per_row_bytes ||
@@ -404,7 +408,7 @@ static int check_groups(const kiln_rt *rt)
 				return KILN_RT_ECORRUPT;
 			continue;
 		}
-		if (s->kind != 1 || g->plan >= rt->count[KILN_SEC_PLANS] ||
+		if (s->kind != KILN_BLOB_SET_MOE || g->plan >= rt->count[KILN_SEC_PLANS] ||
 		    !same_units(rt, (uint32_t)k, rt->plans[g->plan].set) ||
 		    g->fit_rows > rt->buckets[k * nb + nb - 1].max_rows)
 			return KILN_RT_ECORRUPT;

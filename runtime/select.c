@@ -47,7 +47,7 @@ static int group_mode(const kiln_rt *rt, const kiln_query *q, const kiln_blob_la
 	if (!rt->groups)
 		return 0;
 	const kiln_blob_group *g = &rt->groups[L->set];
-	return g->plan != UINT32_MAX && most > g->fit_rows;
+	return g->plan != KILN_BLOB_NONE && most > g->fit_rows;
 }
 
 /* Puts the set's fallback in *out (the adaptive decision's bucket, load
@@ -65,7 +65,7 @@ static void group_substitute(const kiln_rt *rt, const kiln_blob_set *S, const ki
 	out->actions = rt->actions + pl->actions;
 	out->n_units = (int32_t)S->n_units;
 	out->plan = (int32_t)g->plan;
-	out->template_id = pl->template_id == UINT32_MAX ? -1 : (int32_t)pl->template_id;
+	out->template_id = pl->template_id == KILN_BLOB_NONE ? -1 : (int32_t)pl->template_id;
 	out->resident_bytes = res;
 	out->saved_bytes = sat_add(g->saved_base_bytes, sat_mul(g->saved_per_row_bytes, rows));
 	out->transient_bytes = tr;
@@ -219,7 +219,7 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	    .actions = rt->actions + pl->actions,
 	    .n_units = (int32_t)S->n_units,
 	    .plan = (int32_t)p->plan,
-	    .template_id = pl->template_id == UINT32_MAX ? -1 : (int32_t)pl->template_id,
+	    .template_id = pl->template_id == KILN_BLOB_NONE ? -1 : (int32_t)pl->template_id,
 	    .bucket = (int32_t)b,
 	    .load_factor = lf,
 	    .need_bytes = need,
@@ -296,7 +296,7 @@ int kiln_rt_layer_get(const kiln_rt *rt, int32_t model_layer, kiln_rt_layer_info
 	    .model_layer = model_layer,
 	    .stage = (int32_t)S->stage,
 	    .position = (int32_t)((size_t)(L - rt->layers) - rt->stages[S->stage].first_layer),
-	    .moe = (int)S->kind,
+	    .moe = S->kind == KILN_BLOB_SET_MOE,
 	    .n_units = (int32_t)S->n_units,
 	    .balanced_rows = S->balanced_rows,
 	    .tail_floor_bytes = L->tail_floor_bytes,
@@ -369,7 +369,7 @@ int kiln_rt_template_task(const kiln_rt *rt, int32_t template_id, int32_t i, kil
 	                      .stream = c->stream,
 	                      .kind = c->kind,
 	                      .chain = c->chain,
-	                      .unit = c->unit == 255 ? -1 : c->unit};
+	                      .unit = c->unit == KILN_BLOB_NO_UNIT ? -1 : c->unit};
 	return 0;
 }
 
@@ -444,7 +444,7 @@ int kiln_rt_plan_get(const kiln_rt *rt, int32_t plan, const uint8_t **out_action
 	const kiln_blob_plan *p = &rt->plans[plan];
 	*out_actions = rt->actions + p->actions;
 	*out_n_units = (int32_t)rt->sets[p->set].n_units;
-	*out_template = p->template_id == UINT32_MAX ? -1 : (int32_t)p->template_id;
+	*out_template = p->template_id == KILN_BLOB_NONE ? -1 : (int32_t)p->template_id;
 	return 0;
 }
 
@@ -467,7 +467,7 @@ int kiln_rt_group_get(const kiln_rt *rt, int32_t model_layer, kiln_rt_group_info
 		return rt ? KILN_RT_ERANGE : KILN_RT_EINVAL;
 	*out = (kiln_rt_group_info){.plan = -1};
 	const kiln_blob_group *g = rt->groups ? &rt->groups[L->set] : NULL;
-	if (!g || g->plan == UINT32_MAX)
+	if (!g || g->plan == KILN_BLOB_NONE)
 		return 0;
 	*out = (kiln_rt_group_info){.plan = (int32_t)g->plan,
 	                            .fit_rows = g->fit_rows,
