@@ -29,6 +29,11 @@ typedef struct kiln_cost_static {
 	uint64_t total;
 } kiln_cost_static;
 
+/* Weight elements one device of stage holds (params_local of its forward
+ * ops), non-expert (*dense) and expert (*expert). */
+void kiln_cost_stage_params(const kiln_ir_graph *g, int32_t stage, uint64_t *dense,
+                            uint64_t *expert);
+
 /* Static (weight, gradient, optimizer) bytes on one device of stage. */
 void kiln_cost_stage_static(const kiln_ir_graph *g, int32_t stage, kiln_cost_static *out);
 

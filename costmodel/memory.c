@@ -29,10 +29,11 @@ void kiln_cost_params_count(const kiln_ir_graph *g, kiln_cost_params *out)
 	*out = p;
 }
 
-void kiln_cost_stage_static(const kiln_ir_graph *g, int32_t stage, kiln_cost_static *out)
+void kiln_cost_stage_params(const kiln_ir_graph *g, int32_t stage, uint64_t *dense,
+                            uint64_t *expert)
 {
 	const kiln_ir_stage *st = &g->stages[stage];
-	uint64_t dense = 0, expert = 0;
+	*dense = *expert = 0;
 	for (int32_t l = st->layer_begin; l < st->layer_end; l++) {
 		const kiln_ir_layer *ly = &g->layers[l];
 		for (int32_t o = ly->op_begin; o < ly->op_end; o++) {
@@ -40,11 +41,17 @@ void kiln_cost_stage_static(const kiln_ir_graph *g, int32_t stage, kiln_cost_sta
 			if (op->backward)
 				continue;
 			if (op->expert_params)
-				expert += op->params_local;
+				*expert += op->params_local;
 			else
-				dense += op->params_local;
+				*dense += op->params_local;
 		}
 	}
+}
+
+void kiln_cost_stage_static(const kiln_ir_graph *g, int32_t stage, kiln_cost_static *out)
+{
+	uint64_t dense, expert;
+	kiln_cost_stage_params(g, stage, &dense, &expert);
 	kiln_cost_static_of(g->model, dense, expert, out);
 }
 

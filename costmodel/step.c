@@ -380,20 +380,8 @@ void kiln_cost_step_stage_dp(const kiln_ir_graph *g, int32_t stage, const kiln_c
 {
 	const kiln_model *m = g->model;
 	const kiln_hardware *hw = &m->hw;
-	const kiln_ir_stage *st = &g->stages[stage];
-	uint64_t dense_params = 0, expert_params = 0;
-	for (int32_t l = st->layer_begin; l < st->layer_end; l++) {
-		const kiln_ir_layer *ly = &g->layers[l];
-		for (int32_t o = ly->op_begin; o < ly->op_end; o++) {
-			const kiln_ir_op *op = &g->ops[o];
-			if (op->backward)
-				continue;
-			if (op->expert_params)
-				expert_params += op->params_local;
-			else
-				dense_params += op->params_local;
-		}
-	}
+	uint64_t dense_params, expert_params;
+	kiln_cost_stage_params(g, stage, &dense_params, &expert_params);
 	double dpg = (double)m->dp, edpg = (double)m->edp;
 	double dpn = (double)hw->devices_per_node;
 	bool dp_in = dpg * (double)m->tp <= dpn, edp_in = edpg * (double)m->ep <= dpn;
