@@ -189,11 +189,6 @@ uint64_t kiln_blob_model_hash(const kiln_model *m)
 
 /* ---------------------------------------------------------------- helpers */
 
-static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
-{
-	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
-}
-
 static uint64_t ceil_bytes(double v)
 {
 	if (!(v > 0))
@@ -225,7 +220,7 @@ static uint64_t layer_floor(const kiln_compilation *c, int32_t k)
 {
 	uint64_t worst = 0;
 	for (int32_t b = 0; b < c->n_buckets; b++) {
-		const kiln_plan_table *t = table(c, k, b);
+		const kiln_plan_table *t = kiln_plan_table_of(c, k, b);
 		uint64_t r = point_resident(t, t->n_points - 1);
 		worst = r > worst ? r : worst;
 	}
@@ -279,7 +274,7 @@ static uint64_t layer_steady(const kiln_compilation *c, int32_t s, int32_t k)
 	int32_t b1 = kiln_plan_bucket_of(c->buckets, c->n_buckets, 1.0);
 	if (b1 >= c->n_buckets)
 		b1 = c->n_buckets - 1;
-	const kiln_plan_table *t = table(c, k, b1);
+	const kiln_plan_table *t = kiln_plan_table_of(c, k, b1);
 	int32_t pt = c->budgets[s].steady_point ? c->budgets[s].steady_point[j] : 0;
 	if (pt < 0 || pt >= t->n_points)
 		pt = 0;
@@ -315,7 +310,7 @@ static int write_stages_layers(writer *w)
 			if (c->sets[k].stage != s)
 				continue;
 			for (int32_t b = 0; b < c->n_buckets; b++) {
-				const kiln_plan_table *t = table(c, k, b);
+				const kiln_plan_table *t = kiln_plan_table_of(c, k, b);
 				for (int32_t p = 0; p < t->n_points; p++) {
 					uint64_t tr = ceil_bytes(t->bytes[p].transient);
 					transient = tr > transient ? tr : transient;
@@ -354,7 +349,8 @@ static int write_stages_layers(writer *w)
 			head += steady;
 			recs[i].head_steady_bytes = head;
 			recs[i].steady_bytes = steady;
-			recs[i].steady_keep_bytes = keep_bytes(table(c, set_of[i], b1));
+			recs[i].steady_keep_bytes =
+			    keep_bytes(kiln_plan_table_of(c, set_of[i], b1));
 		}
 		n_layers += (uint32_t)count;
 		kiln_blob_stage rec = {
@@ -395,7 +391,7 @@ static int write_tables(writer *w)
 		const kiln_unit_set *s = &c->sets[k];
 		double balanced = s->kind == KILN_LAYER_MOE ? c->graph->layers[s->layer].n_balanced : 0;
 		for (int32_t b = 0; b < c->n_buckets; b++) {
-			const kiln_plan_table *t = table(c, k, b);
+			const kiln_plan_table *t = kiln_plan_table_of(c, k, b);
 			double rows = floor(c->buckets[b] * balanced + 1e-9);
 			kiln_blob_bucket bk = {.max_rows = balanced > 0 ? (uint64_t)rows : 0,
 			                       .load_factor = c->buckets[b]};

@@ -345,8 +345,7 @@ static void emit_tables(emitter *e, MlirBlock parent, const kiln_compilation *c)
 {
 	for (int32_t i = 0; i < c->n_sets; i++) {
 		for (int32_t b = 0; b < c->n_buckets; b++) {
-			const kiln_plan_table *t =
-			    &c->tables[(size_t)i * (size_t)c->n_buckets + (size_t)b];
+			const kiln_plan_table *t = kiln_plan_table_of(c, i, b);
 			a_i64(e, "set", i);
 			a_i64(e, "bucket", b);
 			a_f64(e, "load_factor", t->load_factor);

@@ -14,11 +14,6 @@ _Static_assert(KILN_ACT_KEEP == (int)KILN_RT_KEEP && KILN_ACT_RECOMPUTE == (int)
                    KILN_ACT_OFFLOAD == (int)KILN_RT_OFFLOAD && KILN_ACT_COUNT == 3,
                "kiln_action and kiln_rt_action must agree");
 
-static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
-{
-	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
-}
-
 int32_t kiln_plans_infeasible_stages(const kiln_compilation *c)
 {
 	int32_t n = 0;
@@ -84,8 +79,8 @@ void kiln_plans_text(const kiln_compilation *c, FILE *out)
 	for (int32_t i = 0; i < c->n_sets; i++) {
 		const kiln_unit_set *set = &c->sets[i];
 		int32_t b1 = kiln_plan_bucket_of(c->buckets, c->n_buckets, 1.0);
-		const kiln_plan_table *t1 = table(c, i, b1);
-		const kiln_plan_table *tm = table(c, i, c->n_buckets - 1);
+		const kiln_plan_table *t1 = kiln_plan_table_of(c, i, b1);
+		const kiln_plan_table *tm = kiln_plan_table_of(c, i, c->n_buckets - 1);
 		fprintf(out,
 		        "stage %d %s x%d: %d units; frontier at load 1: %d points, at %.3g: %d points; "
 		        "max saving at %.3g: %.1f%% of %.2f MiB for %.2f ms\n",
@@ -164,7 +159,7 @@ kiln_json *kiln_plans_json(const kiln_compilation *c)
 			}
 			kiln_json *tabs = kiln_json_add_array(sj, "buckets");
 			for (int32_t b = 0; b < c->n_buckets; b++) {
-				const kiln_plan_table *t = table(c, i, b);
+				const kiln_plan_table *t = kiln_plan_table_of(c, i, b);
 				kiln_json *tj = kiln_json_add_object(tabs, NULL);
 				kiln_json_add_number(tj, "load_factor", t->load_factor);
 				kiln_json_add_number(tj, "rows", t->n);

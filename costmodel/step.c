@@ -139,6 +139,15 @@ static double bw_bytes_per_us(double gbps)
 	return gbps * 1e3;
 }
 
+/* Bytes per microsecond over NVLink (in_node) or the inter-node links, at
+ * the profile's fitted efficiency for that link. */
+static double link_bytes_per_us(const kiln_hardware *hw, const kiln_cost_step_params *p,
+                                bool in_node)
+{
+	return bw_bytes_per_us(in_node ? hw->intra_node_gbps : hw->inter_node_gbps) *
+	       (in_node ? p->comm_efficiency : p->inter_node_efficiency);
+}
+
 /* Memory traffic (bytes) and kernels that Megatron-Core's implementation of
  * op adds to what the lowering counts (docs/cost-model.md, "Step time",
  * "What Megatron-Core runs"), at n expert rows; the IR's traffic is what a
@@ -274,20 +283,15 @@ double kiln_cost_step_op_us(const kiln_ir_graph *g, const kiln_ir_op *op, double
 		double share = (double)(grp - 1) / (double)grp;
 		if (op->collective == KILN_COLL_ALL_REDUCE)
 			share *= 2;
-		bool in_node = grp <= hw->devices_per_node;
-		double gbps = in_node ? hw->intra_node_gbps : hw->inter_node_gbps;
-		return share * bytes /
-		       (bw_bytes_per_us(gbps) *
-		        (in_node ? p->comm_efficiency : p->inter_node_efficiency));
+		return share * bytes / link_bytes_per_us(hw, p, grp <= hw->devices_per_node);
 	}
 	case KILN_OPCLASS_COMM_EP: {
 		if (m->ep <= 1 || bytes <= 0 || op->collective != KILN_COLL_ALL_TO_ALL)
 			return 0;
 		double row_bytes = n > 0 ? bytes / n : 0, intra, inter;
 		a2a_bytes(m, row_bytes, n, &intra, &inter);
-		double t_in = intra / (bw_bytes_per_us(hw->intra_node_gbps) * p->comm_efficiency);
-		double t_out =
-		    inter / (bw_bytes_per_us(hw->inter_node_gbps) * p->inter_node_efficiency);
+		double t_in = intra / link_bytes_per_us(hw, p, true);
+		double t_out = inter / link_bytes_per_us(hw, p, false);
 		return t_in > t_out ? t_in : t_out;
 	}
 	case KILN_OPCLASS_COMM_PP:
@@ -385,10 +389,7 @@ void kiln_cost_step_stage_dp(const kiln_ir_graph *g, int32_t stage, const kiln_c
 	double dpg = (double)m->dp, edpg = (double)m->edp;
 	double dpn = (double)hw->devices_per_node;
 	bool dp_in = dpg * (double)m->tp <= dpn, edp_in = edpg * (double)m->ep <= dpn;
-	double bw_dp = bw_bytes_per_us(dp_in ? hw->intra_node_gbps : hw->inter_node_gbps) *
-	               (dp_in ? p->comm_efficiency : p->inter_node_efficiency);
-	double bw_edp = bw_bytes_per_us(edp_in ? hw->intra_node_gbps : hw->inter_node_gbps) *
-	                (edp_in ? p->comm_efficiency : p->inter_node_efficiency);
+	double bw_dp = link_bytes_per_us(hw, p, dp_in), bw_edp = link_bytes_per_us(hw, p, edp_in);
 	double grad_b = 2, param_b = 2; /* bf16 gradient buffer and parameters */
 	double rs = 0, ag = 0;
 	if (dpg > 1) {
@@ -486,10 +487,7 @@ void kiln_cost_step_estimate(const kiln_ir_graph *g, double r, const kiln_cost_s
 		double dpn = (double)hw->devices_per_node;
 		bool pp_out =
 		    (double)m->devices / p >= dpn; /* stages are devices / pp ranks apart */
-		double send_us =
-		    send_bytes /
-		    (bw_bytes_per_us(pp_out ? hw->inter_node_gbps : hw->intra_node_gbps) *
-		     (pp_out ? pp->inter_node_efficiency : pp->comm_efficiency));
+		double send_us = send_bytes / link_bytes_per_us(hw, pp, !pp_out);
 		if (exposed + opt > out->dp_exposed_us + out->optimizer_us) {
 			out->dp_exposed_us = exposed;
 			out->optimizer_us = opt;

@@ -211,11 +211,6 @@ typedef struct memo {
 } memo;
 #define MEMO_SLOTS 1024
 
-static const kiln_plan_table *table_at(const kiln_compilation *c, int32_t set, int32_t bucket)
-{
-	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
-}
-
 static int recipes_init(recipes *w, const kiln_compilation *c, double load, bool memoize,
                         kiln_arena *a)
 {
@@ -331,7 +326,7 @@ static double exposed_of(recipes *w, int32_t i, const uint8_t *act)
 		return 0;
 	memo **slot = NULL;
 	uint64_t h = 0;
-	const kiln_plan_table *t = table_at(w->c, i, w->bucket);
+	const kiln_plan_table *t = kiln_plan_table_of(w->c, i, w->bucket);
 	if (w->memo && t->frontier_id >= 0 && t->frontier_id < w->n_memo) {
 		h = hash_actions(act, S->n_units);
 		slot = &w->memo[(size_t)t->frontier_id * MEMO_SLOTS + (h & (MEMO_SLOTS - 1))];
@@ -1176,7 +1171,7 @@ static int group_fallbacks(kiln_compilation *c)
 				gf->fit_rows = (uint64_t)floor(c->buckets[b] * balanced + 1e-9);
 		/* Scheduled as the simulator schedules full recompute (sim/policy.c,
 		 * static_cost). */
-		const kiln_plan_table *t0 = &c->tables[(size_t)i * (size_t)c->n_buckets];
+		const kiln_plan_table *t0 = kiln_plan_table_of(c, i, 0);
 		const kiln_plan_table *t1 = t0 + c->n_buckets - 1;
 		double e0, e1, serial;
 		kiln_arena *scratch = kiln_arena_new();

@@ -31,11 +31,6 @@ static int32_t stage_sets(const kiln_compilation *c, int32_t s, int32_t *out_fir
 	return n;
 }
 
-static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
-{
-	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
-}
-
 /* Activations no plan touches: the embedding and output layers'. */
 static double fixed_bytes(const kiln_compilation *c, int32_t s)
 {
@@ -153,7 +148,7 @@ double kiln_budget_stage_bytes(const kiln_compilation *c, int32_t stage, int32_t
 	int32_t first, n = stage_sets(c, stage, &first);
 	const kiln_plan_table *tabs[8];
 	for (int32_t k = 0; k < n && k < 8; k++)
-		tabs[k] = table(c, first + k, bucket);
+		tabs[k] = kiln_plan_table_of(c, first + k, bucket);
 	return choice_bytes(tabs, n < 8 ? n : 8, fixed_bytes(c, stage), pts, out_transient);
 }
 
@@ -170,7 +165,7 @@ static int steady_timelines(kiln_compilation *c, int32_t b1)
 	for (int32_t s = 0; s < c->graph->n_stages; s++) {
 		int32_t first, n = stage_sets(c, s, &first);
 		for (int32_t k = 0; k < n; k++) {
-			const kiln_plan_table *t = table(c, first + k, b1);
+			const kiln_plan_table *t = kiln_plan_table_of(c, first + k, b1);
 			int32_t plan = t->plan[c->budgets[s].steady_point[k]];
 			kiln_template *tpl = &sc->templates[base + first + k];
 			double base_us = tpl->base_us;
@@ -213,10 +208,10 @@ int kiln_pass_budget(kiln_compilation *c)
 		/* What a spike to max_factor needs at the least: the maximal-saving
 		 * plan and the worst layer's transient. */
 		for (int32_t k = 0; k < n; k++)
-			tabs[k] = table(c, first + k, c->n_buckets - 1);
+			tabs[k] = kiln_plan_table_of(c, first + k, c->n_buckets - 1);
 		double spike = min_stage_bytes(tabs, n, bu->fixed_bytes, pts);
 		for (int32_t k = 0; k < n; k++)
-			tabs[k] = table(c, first + k, b1);
+			tabs[k] = kiln_plan_table_of(c, first + k, b1);
 		/* The cheapest steady plan with which every in-flight micro-batch
 		 * fits at load 1 and any one of them can still spike to max_factor;
 		 * failing that, the maximal-saving plan, which gives the largest
@@ -244,7 +239,7 @@ int kiln_pass_budget(kiln_compilation *c)
 			continue;
 		for (int32_t b = 0; b < c->n_buckets; b++) {
 			for (int32_t k = 0; k < n; k++)
-				tabs[k] = table(c, first + k, b);
+				tabs[k] = kiln_plan_table_of(c, first + k, b);
 			if (min_stage_bytes(tabs, n, bu->fixed_bytes, pts) > bu->budget_bytes)
 				break;
 			bu->safety_factor = c->buckets[b];

@@ -33,7 +33,7 @@ static void dump_tables(const kiln_compilation *c, FILE *out)
 	for (int32_t i = 0; i < c->n_sets; i++) {
 		const kiln_unit_set *set = &c->sets[i];
 		for (int32_t b = 0; b < c->n_buckets; b++) {
-			const kiln_plan_table *t = &c->tables[(size_t)i * (size_t)c->n_buckets + (size_t)b];
+			const kiln_plan_table *t = kiln_plan_table_of(c, i, b);
 			const kiln_frontier *f = t->frontier;
 			fprintf(out,
 			        "plan stage %d %s load %.3g (N %.0f): frontier %d, %d points, %d in the "

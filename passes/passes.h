@@ -294,6 +294,14 @@ struct kiln_plan_table {
 
 /* Exposed time of table point p: the scheduled one once the interleave pass
  * has run, else the frontier's first estimate. */
+/* The plan table of unit set `set` at load bucket `bucket` (tables are
+ * set-major). */
+static inline const kiln_plan_table *kiln_plan_table_of(const kiln_compilation *c, int32_t set,
+                                                        int32_t bucket)
+{
+	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
+}
+
 static inline double kiln_plan_table_exposed_us(const kiln_plan_table *t, int32_t p)
 {
 	return t->exposed_us ? t->exposed_us[p] : t->frontier->points[t->point[p]].exposed_us;

@@ -213,7 +213,7 @@ static int32_t layer_cands(kiln_sim_oracle *o, int32_t set, double n, obuf *cand
 	if (c->sets[set].kind != KILN_LAYER_MOE)
 		n = 0;
 	int32_t b = kiln_sim_policy_bucket(c, set, n, &r);
-	const kiln_plan_table *t = &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)b];
+	const kiln_plan_table *t = kiln_plan_table_of(c, set, b);
 	if (obuf_reserve(cands, (size_t)t->n_points + 1, sizeof(ocand)) != 0)
 		return -1;
 	ocand *cs = cands->p;

@@ -210,11 +210,6 @@ double kiln_sim_whole_rows(double n)
 	return ceil(n - 1e-9);
 }
 
-static const kiln_plan_table *table(const kiln_compilation *c, int32_t set, int32_t bucket)
-{
-	return &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
-}
-
 static int cost_of(const kiln_compilation *c, int32_t set, int32_t bucket, const uint8_t *actions,
                    cost *out)
 {
@@ -246,7 +241,7 @@ static const uint8_t *steady_actions(const kiln_compilation *c, int32_t set)
 		if (c->sets[j].stage == s) {
 			if (j == set)
 				mine = n;
-			tabs[n++] = table(c, j, bd);
+			tabs[n++] = kiln_plan_table_of(c, j, bd);
 		}
 	if (mine >= 0 &&
 	    kiln_budget_cheapest_fit(tabs, n, bu->fixed_bytes, bu->inflight,
@@ -255,7 +250,7 @@ static const uint8_t *steady_actions(const kiln_compilation *c, int32_t set)
 	int32_t b1 = kiln_plan_bucket_of(c->buckets, c->n_buckets, 1.0);
 	if (b1 >= c->n_buckets)
 		b1 = c->n_buckets - 1;
-	const kiln_plan_table *t = table(c, set, b1);
+	const kiln_plan_table *t = kiln_plan_table_of(c, set, b1);
 	return c->pool->actions[t->plan[bu->steady_point[k]]];
 }
 
@@ -1470,7 +1465,7 @@ void kiln_sim_policy_decide_group(const kiln_sim_policy *p, int32_t set, int32_t
 	}
 	/* The plan's cost at the bucket, by its frontier point (the blob and
 	 * the compilation number plans alike). */
-	const kiln_plan_table *t = table(c, set, plan.bucket);
+	const kiln_plan_table *t = kiln_plan_table_of(c, set, plan.bucket);
 	cost co = {plan.exposed_us, plan.exposed_us, 0};
 	int32_t k = 0, *last = NULL;
 	if (plan.bucket >= 0 && plan.bucket < c->n_buckets)

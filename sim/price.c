@@ -79,7 +79,7 @@ int kiln_sim_plan_cost(const struct kiln_compilation *c, int32_t set, int32_t bu
 	kiln_arena *scratch = kiln_arena_new();
 	if (!scratch)
 		return -1;
-	const kiln_plan_table *t = &c->tables[(size_t)set * (size_t)c->n_buckets + (size_t)bucket];
+	const kiln_plan_table *t = kiln_plan_table_of(c, set, bucket);
 	double exposed_us, serial_us;
 	int rc = kiln_interleave_exposed(c, t, actions, scratch, &exposed_us, &serial_us);
 	double rec_us = recompute_us(c, &c->sets[set], actions, t->n);
