@@ -31,6 +31,8 @@
  * other. */
 #define HF_DEFAULT_EP_MAX 64
 
+/* The help text keeps its lines as printed. */
+/* clang-format off */
 static const char HELP_IMPORT[] =
     "usage: kilnc import hf CONFIG.json --devices N [--tp T] [--pp P] [--ep E]\n"
     "                       [--vpp V] [--micro-batch B] [--global-batch G]\n"
@@ -47,35 +49,27 @@ static const char HELP_IMPORT[] =
     "  --devices N       devices of the whole job (required)\n"
     "  --tp T, --pp P    tensor and pipeline parallel sizes (default 1)\n"
     "  --ep E            expert parallel size (MoE; default: the largest divisor\n"
-    "                    of the experts that divides tp x dp, at most " KILNC_STR(
-        HF_DEFAULT_EP_MAX) ")\n"
-                           "  --vpp V           virtual stages per pipeline rank (default 1; V > "
-                           "1\n"
-                           "                    uses the interleaved 1F1B schedule)\n"
-                           "  --micro-batch B   sequences per micro-batch (default 1)\n"
-                           "  --global-batch G  sequences per iteration (default: 4 x pp "
-                           "micro-batches\n"
-                           "                    per data-parallel rank)\n"
-                           "  --seq-len S       tokens per sequence (default 4096, or the "
-                           "config's\n"
-                           "                    max_position_embeddings when smaller)\n"
-                           "  --hardware H      a shipped profile (bw1000, h100-sxm, h200, mi300x) "
-                           "or\n"
-                           "                    a profile file (default h100-sxm)\n"
-                           "  --name NAME       the description's name (default: from the "
-                           "config's\n"
-                           "                    _name_or_path, else its directory or file name)\n"
-                           "  -o MODEL.yaml     write there (by the output rule of docs/cli.md), "
-                           "not\n"
-                           "                    to stdout\n"
-                           "\n"
-                           "Exit status 1 for a config that cannot be read or imported, or a "
-                           "layout\n"
-                           "the description cannot take (the frontend's errors); 2 for bad "
-                           "arguments.\n"
-                           "Notes on stderr name what the description leaves out (tied "
-                           "embeddings,\n"
-                           "multi-token prediction layers, sliding-window attention).\n";
+    "                    of the experts that divides tp x dp, at most "
+    KILNC_STR(HF_DEFAULT_EP_MAX) ")\n"
+    "  --vpp V           virtual stages per pipeline rank (default 1; V > 1\n"
+    "                    uses the interleaved 1F1B schedule)\n"
+    "  --micro-batch B   sequences per micro-batch (default 1)\n"
+    "  --global-batch G  sequences per iteration (default: 4 x pp micro-batches\n"
+    "                    per data-parallel rank)\n"
+    "  --seq-len S       tokens per sequence (default 4096, or the config's\n"
+    "                    max_position_embeddings when smaller)\n"
+    "  --hardware H      a shipped profile (bw1000, h100-sxm, h200, mi300x) or\n"
+    "                    a profile file (default h100-sxm)\n"
+    "  --name NAME       the description's name (default: from the config's\n"
+    "                    _name_or_path, else its directory or file name)\n"
+    "  -o MODEL.yaml     write there (by the output rule of docs/cli.md), not\n"
+    "                    to stdout\n"
+    "\n"
+    "Exit status 1 for a config that cannot be read or imported, or a layout\n"
+    "the description cannot take (the frontend's errors); 2 for bad arguments.\n"
+    "Notes on stderr name what the description leaves out (tied embeddings,\n"
+    "multi-token prediction layers, sliding-window attention).\n";
+/* clang-format on */
 
 int kilnc_help_import(void)
 {
