@@ -13,6 +13,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -456,39 +457,54 @@ static bool uniform_fits(const recipes *w, int32_t s, uint8_t *const *tail, int3
  *
  * Megatron's fine-grained offloading moves a layer's saved tensors in
  * groups, one per (layer, offload module) in forward order, held by one
- * ChunkOffloadHandler per micro-batch of the first (warmup) iteration and
- * reused in that order afterwards (fine_grained_activation_offload.py:
- * 742-802, 804-818; on_group_start_forward, :1310-1330). After the warmup
- * iteration post_warmup_callback (:609-668) turns groups off, in this
- * order, on the handlers in backward order (micro-batch order under 1F1B):
- * - the margin (:617-639): in the first handler, the last group of each
- *   module name stays on the device, so its reload never stalls;
+ * ChunkOffloadHandler per micro-batch and model chunk of the first
+ * (warmup) iteration and reused in that order afterwards
+ * (fine_grained_activation_offload.py: 742-802, 804-818;
+ * on_group_start_forward, :1310-1330, at d98e8a64). The handlers are
+ * created in forward order and queued for the backward by flush
+ * (:580-593): per group of pp micro-batches, chunk vpp - 1 of each, then
+ * chunk vpp - 2, ..., chunk 0 (with vpp 1: micro-batch order), which is
+ * the backward order of Megatron's interleaved 1F1B (sim/pipeline.c,
+ * nth_op). After the warmup iteration post_warmup_callback (:609-668)
+ * turns groups off, in this order, on the handlers in that backward
+ * order:
+ * - the margin (:612-639): for as many module names as one handler has
+ *   at most, taken in the order a walk of the backward handlers from the
+ *   last one first meets them (chunk 0's names first), the last group of
+ *   that name in the first backward handler holding it stays on the
+ *   device, so its reload never stalls;
  * - the delta (:640-648): pp rank r keeps r * delta bytes on the device,
- *   turning off whole groups from the first handler's first group on
- *   while any of those bytes remain (a group's bytes are what it moved in
- *   the warmup iteration);
+ *   turning off whole groups from the first backward handler's first
+ *   group on while any of those bytes remain (a group's bytes are what it
+ *   moved in the warmup iteration);
  * - the fraction (:649-668): per handler, of the groups still on that
  *   moved bytes, the last int(count * (1 - fraction)) in forward order.
  * At run time should_bulk_offload (:1206-1227) also keeps the last group
- * of each name of a handler whose backward runs next (a stage whose
- * window is one micro-batch: 1F1B's last stage). A group moves the units
- * its module's context saves that the recipe offloads (set_actions) at
- * the load. kiln models one stage's handlers as one sequence of its
- * layers (exact for vpp 1; with vpp > 1 Megatron keeps one handler per
- * model chunk, whose backward order interleaves the chunks: not
- * modelled). The handlers fall into at most MAX_RUNS runs of equal
- * plans: the first, whole handlers the delta turns off, the one it turns
- * off in part, and the rest. */
-#define MAX_RUNS 4
+ * of each name of a handler that is the next backward handler holding
+ * that name when its forward runs (front_backward_chunk, :732-739): under
+ * 1F1B the stage's forward j runs after max(0, j - warm-up) backwards
+ * (sim/pipeline.c, kiln_pipe_order), so this is every handler of 1F1B's
+ * last stage and, interleaved, chunk vpp - 1's on the last stage. A group
+ * moves the units its module's context saves that the recipe offloads
+ * (set_actions) at the load. The micro-batches then fall into runs of
+ * equal plans (a layer of chunk c in micro-batch i takes handler (i, c)'s
+ * flags); more than MAX_RUNS runs, or more than MAX_FLAGS distinct
+ * handlers on a stage, and the stage is judged with every group on (not
+ * reached by the shipped models). */
+#define MAX_RUNS 16
+#define MAX_FLAGS 16
+#define MAX_CHUNKS 64
 #define MAX_STAGE_LAYERS 256
 #define MAX_GROUPS (MAX_STAGE_LAYERS * KILN_MOF_COUNT)
 
 typedef struct stage_runs {
 	int32_t n_runs;        /* 0: no group on the stage moves a byte */
-	double total;          /* the bytes one handler's groups move before any is turned off */
+	double total; /* the bytes one micro-batch's groups move before any is turned off */
+	int32_t v;    /* model chunks on the stage */
 	int64_t end[MAX_RUNS]; /* run r: micro-batches end[r - 1] .. end[r] - 1 */
 	int32_t n_layers;
 	int32_t layer[MAX_STAGE_LAYERS];         /* the stage's layers with a unit set */
+	int32_t chunk[MAX_STAGE_LAYERS];         /* their model chunk */
 	bool block[MAX_STAGE_LAYERS];            /* in the full-recompute block: no group moves */
 	uint32_t on[MAX_RUNS][MAX_STAGE_LAYERS]; /* the offload modules still offloading */
 } stage_runs;
@@ -499,28 +515,97 @@ typedef struct group {
 	double bytes;
 } group;
 
-/* Turns off the last group of each module name (the margin, and
- * should_bulk_offload's rule). */
-static void keep_last_of_each_module(const group *gs, int32_t ng, uint8_t *off)
+/* One stage's handlers: p micro-batches per group, v chunks, m
+ * micro-batches; chunk c's groups are gs[gb[c]] .. gs[gb[c + 1] - 1]. */
+typedef struct handlers {
+	const group *gs;
+	int32_t v;
+	int64_t p;
+	int64_t m, warm; /* warm: the stage's warm-up forwards */
+	int32_t gb[MAX_CHUNKS + 1];
+	uint32_t names[MAX_CHUNKS]; /* KILN_MOF bits chunk c's groups carry */
+	bool same_names;            /* every chunk's are the same */
+	/* the margin: per chunk, the bits whose last group stays in the
+	 * first backward handler of that chunk (micro-batch 0) */
+	uint32_t margin[MAX_CHUNKS];
+	/* distinct flag vectors: flags[k] for chunk fchunk[k] */
+	int32_t n_flags;
+	int32_t fchunk[MAX_FLAGS];
+	uint8_t flags[MAX_FLAGS][MAX_GROUPS];
+} handlers;
+
+/* Forward or backward x of a stage's order: micro-batch *i, chunk *ch
+ * (sim/pipeline.c, nth_op). */
+static void nth_unit(int64_t p, int32_t v, int64_t x, bool bwd, int64_t *i, int32_t *ch)
 {
-	for (int k = 0; k < KILN_MOF_COUNT; k++)
-		for (int32_t g = ng - 1; g >= 0; g--)
-			if (gs[g].bit == kiln_megatron_group_order[k]) {
-				off[g] = 0;
-				break;
-			}
+	int32_t c = (int32_t)(x % (p * v) / p);
+	*ch = bwd ? v - 1 - c : c;
+	*i = x / (p * v) * p + x % p;
 }
 
-/* One handler's groups left on (off[g] 0 when turned off). first: the
- * first handler (the margin); *keep: the delta's bytes still to keep,
- * consumed; last_rule: should_bulk_offload's run-time rule. */
-static void handler_flags(const group *gs, int32_t ng, bool first, double *keep, double fraction,
-                          bool last_rule, uint8_t *off)
+/* Backward and forward positions of handler (micro-batch i, chunk c),
+ * and the chunk of backward handler b. */
+static int64_t bwd_pos(const handlers *h, int64_t i, int32_t c)
 {
+	return i / h->p * h->p * h->v + (int64_t)(h->v - 1 - c) * h->p + i % h->p;
+}
+
+static int64_t fwd_pos(const handlers *h, int64_t i, int32_t c)
+{
+	return i / h->p * h->p * h->v + (int64_t)c * h->p + i % h->p;
+}
+
+static int32_t bwd_chunk(const handlers *h, int64_t b)
+{
+	int64_t i;
+	int32_t c;
+	nth_unit(h->p, h->v, b, true, &i, &c);
+	return c;
+}
+
+/* Turns off, in chunk c's flags off, the last group of each module in
+ * bits. */
+static void keep_last(const handlers *h, int32_t c, uint32_t bits, uint8_t *off)
+{
+	for (int32_t g = h->gb[c + 1] - 1; bits && g >= h->gb[c]; g--)
+		if (bits & h->gs[g].bit) {
+			off[g - h->gb[c]] = 0;
+			bits &= ~h->gs[g].bit;
+		}
+}
+
+/* The module bits for which should_bulk_offload keeps handler (i, c)'s
+ * last group: its backward is the next one holding the name when its
+ * forward runs. */
+static uint32_t run_time_rule(const handlers *h, int64_t i, int32_t c)
+{
+	int64_t j = fwd_pos(h, i, c), b = bwd_pos(h, i, c);
+	int64_t next = j > h->warm ? j - h->warm : 0;
+	if (h->same_names)
+		return next == b ? h->names[c] : 0;
+	uint32_t bits = 0;
+	for (uint32_t rest = h->names[c]; rest; rest &= rest - 1) {
+		uint32_t x = rest & -rest;
+		int64_t q = next;
+		while (q < b && !(h->names[bwd_chunk(h, q)] & x))
+			q++;
+		bits |= q == b ? x : 0;
+	}
+	return bits;
+}
+
+/* Handler (i, c)'s flags into off (off[g] 0: turned off): the margin
+ * (micro-batch 0), the delta (*keep: its bytes still to keep, consumed),
+ * the fraction, the run-time rule. */
+static void handler_flags(const handlers *h, int64_t i, int32_t c, double *keep, double fraction,
+                          uint8_t *off)
+{
+	const group *gs = h->gs + h->gb[c];
+	int32_t ng = h->gb[c + 1] - h->gb[c];
 	for (int32_t g = 0; g < ng; g++)
 		off[g] = 1;
-	if (first)
-		keep_last_of_each_module(gs, ng, off);
+	if (i == 0)
+		keep_last(h, c, h->margin[c], off);
 	for (int32_t g = 0; *keep > 0 && g < ng; g++)
 		if (off[g]) {
 			*keep -= gs[g].bytes;
@@ -536,19 +621,53 @@ static void handler_flags(const group *gs, int32_t ng, bool first, double *keep,
 			off[g] = 0;
 			disabled--;
 		}
-	if (last_rule)
-		keep_last_of_each_module(gs, ng, off);
+	keep_last(h, c, run_time_rule(h, i, c), off);
 }
 
-static void runs_add(stage_runs *rs, const group *gs, int32_t ng, const uint8_t *off, int64_t end)
+/* The index of chunk c's flags off among h's distinct ones (added when
+ * new), or -1 when MAX_FLAGS are taken. */
+static int32_t flags_id(handlers *h, int32_t c, const uint8_t *off)
 {
-	int32_t r = rs->n_runs++;
-	rs->end[r] = end;
-	for (int32_t j = 0; j < rs->n_layers; j++)
-		rs->on[r][j] = 0;
-	for (int32_t g = 0; g < ng; g++)
-		if (off[g])
-			rs->on[r][gs[g].j] |= gs[g].bit;
+	size_t ng = (size_t)(h->gb[c + 1] - h->gb[c]);
+	for (int32_t k = 0; k < h->n_flags; k++)
+		if (h->fchunk[k] == c && memcmp(h->flags[k], off, ng) == 0)
+			return k;
+	if (h->n_flags == MAX_FLAGS)
+		return -1;
+	h->fchunk[h->n_flags] = c;
+	memcpy(h->flags[h->n_flags], off, ng);
+	return h->n_flags++;
+}
+
+/* Handler (i, c)'s flags id, or -1 when MAX_FLAGS are taken. Past the
+ * delta's handlers and micro-batch 0 (the margin) a handler's flags are
+ * its chunk's, with the run-time rule's bits: memoised by both. */
+typedef struct plain_memo {
+	int32_t n;
+	int32_t chunk[MAX_FLAGS], id[MAX_FLAGS];
+	uint32_t bits[MAX_FLAGS];
+} plain_memo;
+
+static int32_t plain_id(handlers *h, int64_t i, int32_t c, double fraction, plain_memo *pm,
+                        uint8_t *off)
+{
+	double none = 0;
+	if (i == 0) {
+		handler_flags(h, i, c, &none, fraction, off);
+		return flags_id(h, c, off);
+	}
+	uint32_t bits = run_time_rule(h, i, c);
+	for (int32_t k = 0; k < pm->n; k++)
+		if (pm->chunk[k] == c && pm->bits[k] == bits)
+			return pm->id[k];
+	handler_flags(h, i, c, &none, fraction, off);
+	int32_t id = flags_id(h, c, off);
+	if (id >= 0 && pm->n < MAX_FLAGS) {
+		pm->chunk[pm->n] = c;
+		pm->bits[pm->n] = bits;
+		pm->id[pm->n++] = id;
+	}
+	return id;
 }
 
 /* Stage s's handlers under sh, the layers outside a block taking tail
@@ -558,12 +677,14 @@ static void stage_groups(const recipes *w, const shape *sh, int32_t s, uint8_t *
 {
 	const kiln_compilation *c = w->c;
 	const kiln_ir_graph *g = c->graph;
+	const kiln_model *mo = c->model;
 	out->n_runs = 0;
 	out->n_layers = 0;
 	out->total = 0;
+	out->v = mo->schedule == KILN_SCHED_INTERLEAVED && mo->vpp > 1 ? (int32_t)mo->vpp : 1;
 	int32_t k = sh->block < w->max_block ? sh->block : w->max_block;
 	bool blocked = sh->full && sh->block > 0 && k < w->max_block;
-	if (!sh->omods || (sh->full && !blocked))
+	if (!sh->omods || (sh->full && !blocked) || out->v > MAX_CHUNKS)
 		return;
 	for (int32_t l = g->stages[s].layer_begin; l < g->stages[s].layer_end; l++) {
 		if (set_of_layer(c, l) < 0)
@@ -571,62 +692,147 @@ static void stage_groups(const recipes *w, const shape *sh, int32_t s, uint8_t *
 		if (out->n_layers == MAX_STAGE_LAYERS)
 			return; /* beyond the model: whole groups (n_runs 0) */
 		out->block[out->n_layers] = blocked && kiln_megatron_in_block(g, l, k);
+		out->chunk[out->n_layers] = g->layers[l].chunk;
 		out->layer[out->n_layers++] = l;
 	}
+	handlers h;
 	group gs[MAX_GROUPS];
-	uint8_t off[MAX_GROUPS];
+	h.gs = gs;
+	h.v = out->v;
+	h.p = g->n_stages > 0 ? g->n_stages : 1;
+	h.m = w->m;
+	/* Forwards before the stage's first backward: one less than the
+	 * chunks it holds at once (kiln_cost_stage_inflight). */
+	h.warm = llround(c->budgets[s].inflight * h.v) - 1;
 	int32_t ng = 0;
 	double total = 0;
-	for (int32_t j = 0; j < out->n_layers; j++) {
-		int32_t i = set_of_layer(c, out->layer[j]);
-		const kiln_unit_set *S = &c->sets[i];
-		for (int b = 0; b < KILN_MOF_COUNT; b++) {
-			uint32_t bit = kiln_megatron_group_order[b];
-			if (!(sh->omods & bit))
+	for (int32_t ch = 0; ch < h.v; ch++) {
+		h.gb[ch] = ng;
+		h.names[ch] = 0;
+		for (int32_t j = 0; j < out->n_layers; j++) {
+			if (out->chunk[j] != ch)
 				continue;
-			bool exists = false;
-			double bytes = 0;
-			for (int32_t u = 0; u < S->n_units; u++) {
-				if (!(w->uses[i][u].offloaded_by & bit))
+			int32_t i = set_of_layer(c, out->layer[j]);
+			const kiln_unit_set *S = &c->sets[i];
+			for (int b = 0; b < KILN_MOF_COUNT; b++) {
+				uint32_t bit = kiln_megatron_group_order[b];
+				if (!(sh->omods & bit))
 					continue;
-				exists = true;
-				if (!out->block[j] && tail[i][u] == KILN_ACT_OFFLOAD)
-					bytes += kiln_lin_at(S->units[u].bytes, w->n[i]);
+				bool exists = false;
+				double bytes = 0;
+				for (int32_t u = 0; u < S->n_units; u++) {
+					if (!(w->uses[i][u].offloaded_by & bit))
+						continue;
+					exists = true;
+					if (!out->block[j] && tail[i][u] == KILN_ACT_OFFLOAD)
+						bytes += kiln_lin_at(S->units[u].bytes, w->n[i]);
+				}
+				if (exists) {
+					gs[ng++] = (group){.j = j, .bit = bit, .bytes = bytes};
+					h.names[ch] |= bit;
+				}
+				total += bytes;
 			}
-			if (exists)
-				gs[ng++] = (group){.j = j, .bit = bit, .bytes = bytes};
-			total += bytes;
 		}
 	}
+	h.gb[h.v] = ng;
+	h.same_names = true;
+	for (int32_t ch = 1; ch < h.v; ch++)
+		h.same_names = h.same_names && h.names[ch] == h.names[0];
 	out->total = total;
 	if (!(total > 0))
 		return;
+	/* The margin: the names in the order the walk from the last backward
+	 * handler meets them (chunk 0's first), each kept in the highest
+	 * chunk holding it, whose micro-batch 0 comes first in backward
+	 * order. */
+	int32_t margin = 0;
+	for (int32_t ch = 0; ch < h.v; ch++) {
+		int32_t n = 0;
+		for (uint32_t x = h.names[ch]; x; x &= x - 1)
+			n++;
+		margin = n > margin ? n : margin;
+		h.margin[ch] = 0;
+	}
+	uint32_t seen = 0;
+	for (int32_t ch = 0; ch < h.v && margin > 0; ch++)
+		for (int32_t q = h.gb[ch]; q < h.gb[ch + 1] && margin > 0; q++) {
+			uint32_t x = gs[q].bit;
+			if (seen & x)
+				continue;
+			seen |= x;
+			margin--;
+			int32_t top = ch;
+			for (int32_t d = ch + 1; d < h.v; d++)
+				top = h.names[d] & x ? d : top;
+			h.margin[top] |= x;
+		}
+	/* The delta's handlers, in backward order while its bytes last. */
+	h.n_flags = 0;
+	uint8_t off[MAX_GROUPS];
 	double keep = (double)s * sh->delta;
-	bool last_rule = c->budgets[s].inflight <= 1;
-	double last = ng > 0 ? gs[ng - 1].bytes : 0;
-	handler_flags(gs, ng, true, &keep, sh->fraction, last_rule, off);
-	runs_add(out, gs, ng, off, 1);
-	int64_t at = 1;
-	if (at < w->m && keep > total - last) {
-		/* Whole handlers turned off: handler j from here is while
-		 * keep - j * total > total - last. */
-		double q = ceil((keep - total + last) / total);
-		int64_t n = q < (double)(w->m - at) ? (int64_t)q : w->m - at;
-		keep -= (double)n * total;
-		for (int32_t x = 0; x < ng; x++)
-			off[x] = 0;
-		at += n;
-		runs_add(out, gs, ng, off, at);
+	int64_t n = h.m * h.v, n_delta = 0;
+	int32_t local[MAX_RUNS * MAX_STAGE_LAYERS], *delta_id = local;
+	for (; n_delta < n && keep > 0; n_delta++) {
+		if (n_delta == (int64_t)(sizeof local / sizeof local[0])) {
+			/* Past this many whole handlers: room for every one. */
+			delta_id = malloc(sizeof(int32_t) * (size_t)n);
+			if (!delta_id)
+				return;
+			memcpy(delta_id, local, sizeof local);
+		}
+		int64_t i;
+		int32_t ch;
+		nth_unit(h.p, h.v, n_delta, true, &i, &ch);
+		handler_flags(&h, i, ch, &keep, sh->fraction, off);
+		if ((delta_id[n_delta] = flags_id(&h, ch, off)) < 0)
+			goto out;
 	}
-	if (at < w->m && keep > 0) {
-		handler_flags(gs, ng, false, &keep, sh->fraction, last_rule, off);
-		runs_add(out, gs, ng, off, ++at);
+	/* Each micro-batch's handlers; runs of equal ones. */
+	plain_memo pm = {.n = 0};
+	int32_t id[MAX_CHUNKS], prev[MAX_CHUNKS];
+	int64_t pv = h.p * h.v;
+	for (int64_t i = 0; i < h.m; i++) {
+		/* Past micro-batch 0's group, the warm-up and the delta's
+		 * handlers, group g's handlers are group g - 1's shifted by one
+		 * group: once such a group lies in one run, so does the rest. */
+		int64_t grp = i / h.p;
+		if (i % h.p == 0 && grp >= 2 && (grp - 1) * pv >= h.warm &&
+		    (grp - 1) * pv >= n_delta &&
+		    (out->n_runs < 2 ? 0 : out->end[out->n_runs - 2]) <= (grp - 1) * h.p) {
+			out->end[out->n_runs - 1] = h.m;
+			break;
+		}
+		for (int32_t ch = 0; ch < h.v; ch++) {
+			int64_t b = bwd_pos(&h, i, ch);
+			id[ch] =
+			    b < n_delta ? delta_id[b] : plain_id(&h, i, ch, sh->fraction, &pm, off);
+			if (id[ch] < 0) {
+				out->n_runs = 0;
+				goto out;
+			}
+		}
+		if (i > 0 && memcmp(id, prev, sizeof(int32_t) * (size_t)h.v) == 0) {
+			out->end[out->n_runs - 1] = i + 1;
+			continue;
+		}
+		if (out->n_runs == MAX_RUNS) {
+			out->n_runs = 0;
+			goto out;
+		}
+		int32_t r = out->n_runs++;
+		out->end[r] = i + 1;
+		for (int32_t j = 0; j < out->n_layers; j++)
+			out->on[r][j] = 0;
+		for (int32_t ch = 0; ch < h.v; ch++)
+			for (int32_t q = h.gb[ch]; q < h.gb[ch + 1]; q++)
+				if (h.flags[id[ch]][q - h.gb[ch]])
+					out->on[r][gs[q].j] |= gs[q].bit;
+		memcpy(prev, id, sizeof(int32_t) * (size_t)h.v);
 	}
-	if (at < w->m) {
-		double none = 0;
-		handler_flags(gs, ng, false, &none, sh->fraction, last_rule, off);
-		runs_add(out, gs, ng, off, w->m);
-	}
+out:
+	if (delta_id != local)
+		free(delta_id);
 }
 
 /* A small cache of (set, modules on) -> the layer's actions, bytes and
@@ -661,21 +867,68 @@ static int32_t cache_get(const recipes *w, const shape *sh, int32_t i, uint32_t 
 	return k;
 }
 
-/* Stage s's fit under its runs (tail outside a block, head inside):
- * the first window of micro-batches holds the most (the runs keep more
- * on the device the earlier they are), counted as stage_fits counts a
- * plan: each micro-batch's resident bytes, plus the largest transient
- * and reload of a layer. -1 when the cache overflowed. */
+/* The run micro-batch i of an iteration takes. */
+static int32_t run_of(const stage_runs *rs, int64_t i)
+{
+	int32_t r = 0;
+	while (r < rs->n_runs - 1 && i >= rs->end[r])
+		r++;
+	return r;
+}
+
+/* A place in a stage's order of forwards (or backwards): micro-batch
+ * i0 + r, the c-th chunk of its group's pass (nth_unit, without its
+ * divisions). */
+typedef struct cursor {
+	int64_t i0, r;
+	int32_t c;
+} cursor;
+
+/* One op of the walk in runs_fit at u, then u moves on: a forward
+ * (holding its chunk from here) or a backward (releasing it after), at
+ * its chunk's peak. */
+static void walk_step(const stage_runs *rs, int64_t p, cursor *u, bool bwd,
+                      double (*res)[MAX_CHUNKS], double (*top)[MAX_CHUNKS], double *held,
+                      double *need)
+{
+	int32_t ch = bwd ? rs->v - 1 - u->c : u->c;
+	int32_t r = run_of(rs, u->i0 + u->r);
+	if (!bwd)
+		*held += res[r][ch];
+	*need = *held + top[r][ch] > *need ? *held + top[r][ch] : *need;
+	if (bwd)
+		*held -= res[r][ch];
+	if (++u->r == p) {
+		u->r = 0;
+		if (++u->c == rs->v) {
+			u->c = 0;
+			u->i0 += p;
+		}
+	}
+}
+
+/* Stage s's fit under its runs (tail outside a block, head inside),
+ * counted as stage_fits counts a plan, per (micro-batch, chunk) held
+ * from its forward to its backward: walking the stage's order of
+ * Megatron's (interleaved) 1F1B (sim/pipeline.c, kiln_pipe_order: the
+ * warm-up forwards, then one forward one backward, then the cool-down),
+ * the most that the chunks held at once take (their share of the
+ * micro-batch's fixed bytes and their layers' resident bytes) plus the
+ * running chunk's largest transient and reload of a layer. -1 when the
+ * cache overflowed. */
 static int runs_fit(const recipes *w, const shape *sh, int32_t s, const stage_runs *rs,
                     uint8_t *const *head, layer_cache *lc, bool *out_fits)
 {
 	const kiln_compilation *c = w->c;
 	const kiln_stage_budget *bu = &c->budgets[s];
-	double res[MAX_RUNS], tr[MAX_RUNS];
+	int32_t v = rs->v;
+	double res[MAX_RUNS][MAX_CHUNKS], tr[MAX_RUNS][MAX_CHUNKS], pre[MAX_RUNS][MAX_CHUNKS];
+	double top[MAX_RUNS][MAX_CHUNKS];
 	for (int32_t r = 0; r < rs->n_runs; r++) {
-		double resident = bu->fixed_bytes, t = 0, pre = 0;
+		for (int32_t ch = 0; ch < v; ch++)
+			res[r][ch] = bu->fixed_bytes / v, tr[r][ch] = pre[r][ch] = 0;
 		for (int32_t j = 0; j < rs->n_layers; j++) {
-			int32_t i = set_of_layer(c, rs->layer[j]);
+			int32_t i = set_of_layer(c, rs->layer[j]), ch = rs->chunk[j];
 			kiln_plan_bytes hb;
 			const kiln_plan_bytes *b = &hb;
 			if (rs->block[j]) {
@@ -686,25 +939,41 @@ static int runs_fit(const recipes *w, const shape *sh, int32_t s, const stage_ru
 					return -1;
 				b = &lc->e[k].b;
 			}
-			resident += b->resident;
-			t = b->transient > t ? b->transient : t;
-			pre = b->offloaded > pre ? b->offloaded : pre;
+			res[r][ch] += b->resident;
+			tr[r][ch] = b->transient > tr[r][ch] ? b->transient : tr[r][ch];
+			pre[r][ch] = b->offloaded > pre[r][ch] ? b->offloaded : pre[r][ch];
 		}
-		res[r] = resident;
-		tr[r] = t + pre;
+		for (int32_t ch = 0; ch < v; ch++)
+			top[r][ch] = tr[r][ch] + pre[r][ch];
 	}
-	double win = ceil(bu->inflight - 1e-9);
-	int64_t W = win >= 1 ? (win < (double)w->m ? (int64_t)win : w->m) : 1;
-	double need = 0, worst = 0;
-	int64_t from = 0;
-	for (int32_t r = 0; r < rs->n_runs && from < W; r++) {
-		int64_t to = rs->end[r] < W ? rs->end[r] : W;
-		need += (double)(to - from) * res[r];
-		worst = tr[r] > worst ? tr[r] : worst;
-		from = to;
+	int64_t p = c->graph->n_stages > 0 ? c->graph->n_stages : 1, n = w->m * v;
+	int64_t warm = llround(bu->inflight * v) - 1;
+	warm = warm < 0 ? 0 : warm < n ? warm : n;
+	double held = 0, need = 0;
+	cursor fw = {0, 0, 0}, bw = {0, 0, 0};
+	for (int64_t k = 0; k < warm; k++)
+		walk_step(rs, p, &fw, false, res, top, &held, &need);
+	/* The steady state: once every chunk held is in the last run, the
+	 * held chunks repeat with a period of p * v pairs (shifted by one
+	 * group of micro-batches): one period walked, the rest are the same. */
+	int64_t pv = p * v, last = rs->n_runs < 2 ? 0 : rs->end[rs->n_runs - 2];
+	int64_t uniform = (last + p - 1) / p * pv;
+	for (int64_t k = 0; k < n - warm; k++) {
+		if (k == uniform + pv) {
+			int64_t periods = (n - warm - k) / pv;
+			k += periods * pv;
+			fw.i0 += periods * p;
+			bw.i0 += periods * p;
+			if (k >= n - warm)
+				break;
+		}
+		walk_step(rs, p, &fw, false, res, top, &held, &need);
+		walk_step(rs, p, &bw, true, res, top, &held, &need);
 	}
+	for (int64_t k = n - warm; k < n; k++)
+		walk_step(rs, p, &bw, true, res, top, &held, &need);
 	double reserved = w->beside && w->beside->reserved_bytes ? w->beside->reserved_bytes[s] : 0;
-	*out_fits = need + worst <= bu->capacity_bytes - bu->static_bytes - reserved;
+	*out_fits = need <= bu->capacity_bytes - bu->static_bytes - reserved;
 	return 0;
 }
 

@@ -588,15 +588,27 @@ Test(baselines, uniform_chunks_fit_by_their_bytes)
 	}
 }
 
-/* tiny.yaml with extra (a top-level YAML section) appended, compiled; its
- * arena in *out_a (the caller frees it). */
-static kiln_compilation tiny_with(const char *extra, kiln_arena **out_a)
+/* tiny.yaml with its first `from` replaced by `to` (from NULL: as it
+ * is) and extra (a top-level YAML section) appended, compiled; its arena
+ * in *out_a (the caller frees it). */
+static kiln_compilation tiny_edited(const char *from, const char *to, const char *extra,
+                                    kiln_arena **out_a)
 {
 	FILE *f = fopen(kt_src("examples/models/tiny.yaml"), "rb");
 	cr_assert_not_null(f);
 	static char text[1 << 16];
-	size_t len = fread(text, 1, sizeof text - 1, f);
+	size_t len = fread(text, 1, sizeof text / 2, f);
 	fclose(f);
+	text[len] = 0;
+	if (from) {
+		char *at = strstr(text, from);
+		cr_assert_not_null(at, "tiny.yaml has no '%s'", from);
+		size_t nf = strlen(from), nt = strlen(to);
+		cr_assert_lt(len - nf + nt + strlen(extra), sizeof text);
+		memmove(at + nt, at + nf, len - (size_t)(at - text) - nf + 1);
+		memcpy(at, to, nt);
+		len = len - nf + nt;
+	}
 	cr_assert_lt(len + strlen(extra), sizeof text);
 	memcpy(text + len, extra, strlen(extra) + 1);
 	len += strlen(extra);
@@ -608,6 +620,11 @@ static kiln_compilation tiny_with(const char *extra, kiln_arena **out_a)
 	cr_assert_eq(kiln_pipeline_compile(&c, NULL, NULL, NULL, stderr), 0);
 	*out_a = a;
 	return c;
+}
+
+static kiln_compilation tiny_with(const char *extra, kiln_arena **out_a)
+{
+	return tiny_edited(NULL, NULL, extra, out_a);
 }
 
 /* The graph layer of model layer `index`. */
@@ -707,6 +724,85 @@ Test(baselines, offload_groups_move_what_megatron_moves)
 		             layers[k]);
 		cr_expect_gt(later.copy_us, first.copy_us, "layer %d", layers[k]);
 	}
+	kiln_sim_policy_free(p);
+	kiln_arena_free(a);
+}
+
+/* The same recipe under the interleaved schedule with vpp 2 (one
+ * handler per micro-batch and model chunk, fine_grained_activation_
+ * offload.py:742-802 at d98e8a64), by hand. Chunks: stage 0 holds model
+ * layers 0 (dense), 1 (chunk 0) and 4, 5 (chunk 1); stage 1 layers 2, 3
+ * (chunk 0) and 6, 7 (chunk 1); groups of 65,536 bytes. flush (:580-593)
+ * queues the backward handlers as (micro-batch, chunk) (0,1) (1,1) (0,0)
+ * (1,0) (2,1) (3,1) (2,0) (3,0). Warm-up forwards: 4 on stage 0, 2 on
+ * stage 1 (2 * (pp - s - 1) + (vpp - 1) * pp).
+ * - Stage 0: the margin keeps the last group of (0,1), layer 5. Handler
+ *   (0,1): of layer 4 alone int(0.5) = 0 kept; other chunk-1 handlers:
+ *   int(2 * 0.5) = 1, layer 5 kept; chunk 0: layer 1 alone, offloaded.
+ *   Every micro-batch alike: layers 1 and 4 offload (one run).
+ * - Stage 1 (65,537 bytes kept): the margin keeps layer 7 of (0,1); the
+ *   delta turns off layer 6 of (0,1) (1 byte left) and layer 6 of (1,1).
+ *   The run-time rule: forward j of stage 1 runs after max(0, j - 2)
+ *   backwards; chunk 1's forwards (positions 2, 3, 6, 7) each find their
+ *   own handler next, so layer 7 stays in (1,1) too (and in (2,1), (3,1),
+ *   where the fraction, int(2 * 0.5) = 1, keeps it already). Chunk 0:
+ *   int(2 * 0.5) = 1, layer 3 kept. Micro-batches 0-1: layer 2 offloads;
+ *   2-3: layers 2 and 6 (two runs).
+ * One handler per micro-batch (vpp 1's model) would have offloaded
+ * layers 2 and 3 in micro-batches 1-3 on stage 1 and layer 4 not at all
+ * on stage 0. */
+Test(baselines, offload_groups_per_model_chunk)
+{
+	kiln_arena *a;
+	kiln_compilation c = tiny_edited("schedule: 1f1b", "schedule: interleaved\n  vpp: 2",
+	                                 "megatron:\n"
+	                                 "  offload_modules: [expert_fc1]\n"
+	                                 "  min_offloaded_tensor_size: 0\n"
+	                                 "  activation_offload_fraction: 0.5\n"
+	                                 "  delta_offload_bytes_across_pp_ranks: 65537\n",
+	                                 &a);
+	const kiln_model *m = c.model;
+	cr_assert_eq(m->vpp, 2);
+	cr_assert_eq(m->micro_batches, 4);
+	double n = c.graph->layers[c.sets[moe_set(&c)].layer].n_balanced;
+	double fc1 = 2.0 * (double)m->hidden * n;
+	cr_assert_float_eq(fc1, 65536, 0);
+	kiln_megatron_actions ma;
+	cr_assert_eq(kiln_megatron_recipe_eval(&c, &m->megatron, 1.0, a, &ma), 0);
+	/* [run][model layer] (0: dense; run 1 only on stage 1): fc1's input offloaded */
+	static const int runs[2] = {1, 2};
+	static const int64_t ends[2][2] = {{4, 0}, {2, 4}};
+	static const int want[2][8] = {{0, 1, 1, 0, 1, 0, 0, 0}, {0, 0, 1, 0, 0, 0, 1, 0}};
+	for (int s = 0; s < 2; s++) {
+		cr_assert_eq(ma.n_runs[s], runs[s], "stage %d", s);
+		for (int r = 0; r < runs[s]; r++)
+			cr_expect_eq(ma.run_end[s][r], ends[s][r], "stage %d run %d", s, r);
+	}
+	for (int32_t idx = 1; idx < 8; idx++) {
+		int32_t l = graph_layer(&c, idx);
+		int32_t s = c.graph->layers[l].stage;
+		cr_assert_not_null(ma.layer_actions[l], "layer %d", idx);
+		int32_t i = kiln_set_of_layer(c.sets, c.n_sets, &c.graph->layers[l]);
+		for (int r = 0; r < runs[s]; r++) {
+			kiln_plan_bytes b;
+			kiln_plan_bytes_at(&c.sets[i], ma.layer_actions[l][r], n, &b);
+			cr_expect_float_eq(b.offloaded, want[r][idx] * fc1, 0.5,
+			                   "stage %d run %d layer %d: %.0f", s, r, idx,
+			                   b.offloaded);
+		}
+	}
+	/* The simulator's plan is the baseline's, chosen at the design load
+	 * 1.2 (groups of 78,643 bytes): the delta is spent on layer 6 of
+	 * handler (0,1) alone, so layer 6 keeps fc1's input in micro-batch 0
+	 * and offloads it from micro-batch 1 on. */
+	kiln_sim_policy *p;
+	cr_assert_eq(kiln_sim_policy_new(KILN_SIM_MEGATRON, &c, NULL, 0, a, stderr, &p), 0);
+	int32_t l6 = graph_layer(&c, 6);
+	int32_t set = kiln_set_of_layer(c.sets, c.n_sets, &c.graph->layers[l6]);
+	kiln_sim_choice first, later;
+	kiln_sim_policy_decide(p, set, 6, n, 1e12, 0, 0, 0, &first);
+	kiln_sim_policy_decide(p, set, 6, n, 1e12, 0, 1, 0, &later);
+	cr_expect_eq(first.resident_bytes - later.resident_bytes, fc1);
 	kiln_sim_policy_free(p);
 	kiln_arena_free(a);
 }
