@@ -501,6 +501,8 @@ typedef struct stage_runs {
 	int32_t n_runs;        /* 0: no group on the stage moves a byte */
 	double total; /* the bytes one micro-batch's groups move before any is turned off */
 	int32_t v;    /* model chunks on the stage */
+	int64_t p;    /* micro-batches per group of the schedule: the stages */
+	int64_t warm; /* the stage's warm-up forwards */
 	int64_t end[MAX_RUNS]; /* run r: micro-batches end[r - 1] .. end[r] - 1 */
 	int32_t n_layers;
 	int32_t layer[MAX_STAGE_LAYERS];         /* the stage's layers with a unit set */
@@ -514,6 +516,14 @@ typedef struct group {
 	uint32_t bit; /* KILN_MOF */
 	double bytes;
 } group;
+
+static int popcount32(uint32_t x)
+{
+	int n = 0;
+	for (; x; x &= x - 1)
+		n++;
+	return n;
+}
 
 /* One stage's handlers: p micro-batches per group, v chunks, m
  * micro-batches; chunk c's groups are gs[gb[c]] .. gs[gb[c + 1] - 1]. */
@@ -543,16 +553,13 @@ static void nth_unit(int64_t p, int32_t v, int64_t x, bool bwd, int64_t *i, int3
 	*i = x / (p * v) * p + x % p;
 }
 
-/* Backward and forward positions of handler (micro-batch i, chunk c),
- * and the chunk of backward handler b. */
-static int64_t bwd_pos(const handlers *h, int64_t i, int32_t c)
+/* Where handler (micro-batch i, chunk c) comes in the stage's order of
+ * backwards (bwd) or forwards: nth_unit's inverse. Then the chunk of
+ * backward handler b. */
+static int64_t unit_pos(const handlers *h, int64_t i, int32_t c, bool bwd)
 {
-	return i / h->p * h->p * h->v + (int64_t)(h->v - 1 - c) * h->p + i % h->p;
-}
-
-static int64_t fwd_pos(const handlers *h, int64_t i, int32_t c)
-{
-	return i / h->p * h->p * h->v + (int64_t)c * h->p + i % h->p;
+	int64_t k = bwd ? h->v - 1 - c : c;
+	return i / h->p * h->p * h->v + k * h->p + i % h->p;
 }
 
 static int32_t bwd_chunk(const handlers *h, int64_t b)
@@ -579,7 +586,7 @@ static void keep_last(const handlers *h, int32_t c, uint32_t bits, uint8_t *off)
  * forward runs. */
 static uint32_t run_time_rule(const handlers *h, int64_t i, int32_t c)
 {
-	int64_t j = fwd_pos(h, i, c), b = bwd_pos(h, i, c);
+	int64_t j = unit_pos(h, i, c, false), b = unit_pos(h, i, c, true);
 	int64_t next = j > h->warm ? j - h->warm : 0;
 	if (h->same_names)
 		return next == b ? h->names[c] : 0;
@@ -639,15 +646,16 @@ static int32_t flags_id(handlers *h, int32_t c, const uint8_t *off)
 	return h->n_flags++;
 }
 
-/* Handler (i, c)'s flags id, or -1 when MAX_FLAGS are taken. Past the
- * delta's handlers and micro-batch 0 (the margin) a handler's flags are
- * its chunk's, with the run-time rule's bits: memoised by both. */
+/* Flags ids by (chunk, run-time rule bits), for plain_id. */
 typedef struct plain_memo {
 	int32_t n;
 	int32_t chunk[MAX_FLAGS], id[MAX_FLAGS];
 	uint32_t bits[MAX_FLAGS];
 } plain_memo;
 
+/* Handler (i, c)'s flags id, or -1 when MAX_FLAGS are taken. Past the
+ * delta's handlers and micro-batch 0 (the margin) a handler's flags are
+ * its chunk's, with the run-time rule's bits: memoised by both. */
 static int32_t plain_id(handlers *h, int64_t i, int32_t c, double fraction, plain_memo *pm,
                         uint8_t *off)
 {
@@ -682,6 +690,11 @@ static void stage_groups(const recipes *w, const shape *sh, int32_t s, uint8_t *
 	out->n_layers = 0;
 	out->total = 0;
 	out->v = mo->schedule == KILN_SCHED_INTERLEAVED && mo->vpp > 1 ? (int32_t)mo->vpp : 1;
+	out->p = g->n_stages > 0 ? g->n_stages : 1;
+	/* Forwards before the stage's first backward: one less than the
+	 * chunks it holds at once (kiln_cost_stage_inflight). */
+	int64_t warm = llround(c->budgets[s].inflight * out->v) - 1, n_ops = w->m * out->v;
+	out->warm = warm < 0 ? 0 : warm < n_ops ? warm : n_ops;
 	int32_t k = sh->block < w->max_block ? sh->block : w->max_block;
 	bool blocked = sh->full && sh->block > 0 && k < w->max_block;
 	if (!sh->omods || (sh->full && !blocked) || out->v > MAX_CHUNKS)
@@ -699,11 +712,9 @@ static void stage_groups(const recipes *w, const shape *sh, int32_t s, uint8_t *
 	group gs[MAX_GROUPS];
 	h.gs = gs;
 	h.v = out->v;
-	h.p = g->n_stages > 0 ? g->n_stages : 1;
+	h.p = out->p;
 	h.m = w->m;
-	/* Forwards before the stage's first backward: one less than the
-	 * chunks it holds at once (kiln_cost_stage_inflight). */
-	h.warm = llround(c->budgets[s].inflight * h.v) - 1;
+	h.warm = out->warm;
 	int32_t ng = 0;
 	double total = 0;
 	for (int32_t ch = 0; ch < h.v; ch++) {
@@ -748,9 +759,7 @@ static void stage_groups(const recipes *w, const shape *sh, int32_t s, uint8_t *
 	 * order. */
 	int32_t margin = 0;
 	for (int32_t ch = 0; ch < h.v; ch++) {
-		int32_t n = 0;
-		for (uint32_t x = h.names[ch]; x; x &= x - 1)
-			n++;
+		int32_t n = popcount32(h.names[ch]);
 		margin = n > margin ? n : margin;
 		h.margin[ch] = 0;
 	}
@@ -804,7 +813,7 @@ static void stage_groups(const recipes *w, const shape *sh, int32_t s, uint8_t *
 			break;
 		}
 		for (int32_t ch = 0; ch < h.v; ch++) {
-			int64_t b = bwd_pos(&h, i, ch);
+			int64_t b = unit_pos(&h, i, ch, true);
 			id[ch] =
 			    b < n_delta ? delta_id[b] : plain_id(&h, i, ch, sh->fraction, &pm, off);
 			if (id[ch] < 0) {
@@ -946,9 +955,7 @@ static int runs_fit(const recipes *w, const shape *sh, int32_t s, const stage_ru
 		for (int32_t ch = 0; ch < v; ch++)
 			top[r][ch] = tr[r][ch] + pre[r][ch];
 	}
-	int64_t p = c->graph->n_stages > 0 ? c->graph->n_stages : 1, n = w->m * v;
-	int64_t warm = llround(bu->inflight * v) - 1;
-	warm = warm < 0 ? 0 : warm < n ? warm : n;
+	int64_t p = rs->p, n = w->m * v, warm = rs->warm;
 	double held = 0, need = 0;
 	cursor fw = {0, 0, 0}, bw = {0, 0, 0};
 	for (int64_t k = 0; k < warm; k++)
@@ -1175,14 +1182,6 @@ int kiln_megatron_delta_unit(const kiln_compilation *c, const kiln_megatron *r, 
 	stage_groups(&w, &sh, 0, m.tail, &rs);
 	*out_bytes = rs.total;
 	return 0;
-}
-
-static int popcount32(uint32_t x)
-{
-	int n = 0;
-	for (; x; x &= x - 1)
-		n++;
-	return n;
 }
 
 /* Flags on a command line: the tie-break among equally good recipes. */

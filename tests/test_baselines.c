@@ -637,6 +637,15 @@ static int32_t graph_layer(const kiln_compilation *c, int32_t index)
 	return -1;
 }
 
+/* The recipe both offload-group tests apply by hand: fc1's input
+ * offloaded, every tensor eligible, fraction 0.5, a delta one byte over
+ * one layer's fc1 input at load 1. */
+static const char fc1_recipe[] = "megatron:\n"
+                                 "  offload_modules: [expert_fc1]\n"
+                                 "  min_offloaded_tensor_size: 0\n"
+                                 "  activation_offload_fraction: 0.5\n"
+                                 "  delta_offload_bytes_across_pp_ranks: 65537\n";
+
 /* What Megatron's offload groups move, by hand (fine_grained_activation_
  * offload.py:609-668 and should_bulk_offload, :1206-1227, at d98e8a64),
  * on tiny with expert_fc1 offloaded (fc1's input: 2 * h * n = 2 * 64 *
@@ -659,12 +668,7 @@ static int32_t graph_layer(const kiln_compilation *c, int32_t index)
 Test(baselines, offload_groups_move_what_megatron_moves)
 {
 	kiln_arena *a;
-	kiln_compilation c = tiny_with("megatron:\n"
-	                               "  offload_modules: [expert_fc1]\n"
-	                               "  min_offloaded_tensor_size: 0\n"
-	                               "  activation_offload_fraction: 0.5\n"
-	                               "  delta_offload_bytes_across_pp_ranks: 65537\n",
-	                               &a);
+	kiln_compilation c = tiny_with(fc1_recipe, &a);
 	const kiln_model *m = c.model;
 	cr_assert_eq(m->micro_batches, 4);
 	cr_assert_eq(c.graph->n_stages, 2);
@@ -754,13 +758,8 @@ Test(baselines, offload_groups_move_what_megatron_moves)
 Test(baselines, offload_groups_per_model_chunk)
 {
 	kiln_arena *a;
-	kiln_compilation c = tiny_edited("schedule: 1f1b", "schedule: interleaved\n  vpp: 2",
-	                                 "megatron:\n"
-	                                 "  offload_modules: [expert_fc1]\n"
-	                                 "  min_offloaded_tensor_size: 0\n"
-	                                 "  activation_offload_fraction: 0.5\n"
-	                                 "  delta_offload_bytes_across_pp_ranks: 65537\n",
-	                                 &a);
+	kiln_compilation c =
+	    tiny_edited("schedule: 1f1b", "schedule: interleaved\n  vpp: 2", fc1_recipe, &a);
 	const kiln_model *m = c.model;
 	cr_assert_eq(m->vpp, 2);
 	cr_assert_eq(m->micro_batches, 4);
