@@ -140,7 +140,8 @@ Test(trainer, kiln_is_bitwise_identical_to_keeping_everything, .timeout = 1800, 
 	/* kiln's plans here recompute only cheap elementwise units and offload the
 	 * rest; --policy mixed cycles every action over every unit, so every
 	 * recompute path (attention's two outputs together and alone, the
-	 * residual, the router, the row map, the experts) is compared too. */
+	 * residual, the router, the row map, the re-run dispatch, the experts) is
+	 * compared too. */
 	snprintf(args, sizeof args, "--policy mixed --arena 1G --steps 20 " SPIKES " --log %s",
 	         kiln_log);
 	st = trainer(&out, 4, plan, args);
@@ -229,8 +230,8 @@ Test(trainer, spike_at_twice_max_factor_survives_by_the_group_fallback, .timeout
 	memcpy(at, "max_factor: 1.0", 15);
 	char *model = kt_temp_file(".yaml", text, len);
 	char *plan = kt_temp_file(".kiln", "", 0);
-	const char *args[] = {"compile", model, "-o", plan, NULL};
-	kt_run r = kt_kilnc(args, NULL);
+	const char *compile[] = {"compile", model, "-o", plan, NULL};
+	kt_run r = kt_kilnc(compile, NULL);
 	cr_assert_eq(r.status, 0, "%s", r.err);
 	kt_run_free(&r);
 	char *out;
@@ -238,10 +239,73 @@ Test(trainer, spike_at_twice_max_factor_survives_by_the_group_fallback, .timeout
 	cr_expect_eq(st, 3, "%s", out);
 	cr_expect(strstr(out, "out of memory: step 4 "), "%s", out);
 	free(out);
-	st = trainer(&out, 4, plan, "--policy kiln --steps 5 --spike 4:1.0:0+1");
+	char *keep_log = kt_temp_file(".jsonl", "", 0), *kiln_log = kt_temp_file(".jsonl", "", 0);
+	char *prefix = kt_temp_file(".units", "", 0), args[2048];
+	snprintf(args, sizeof args, "--policy keep --arena 1G --steps 5 --spike 4:1.0:0+1 --log %s",
+	         keep_log);
+	st = trainer(&out, 4, plan, args);
+	cr_assert_eq(st, 0, "%s", out);
+	free(out);
+	snprintf(args, sizeof args,
+	         "--policy kiln --steps 5 --spike 4:1.0:0+1 --log %s --unit-log %s", kiln_log,
+	         prefix);
+	st = trainer(&out, 4, plan, args);
 	cr_expect_eq(st, 0, "%s", out);
 	cr_expect(strstr(out, "done: 5 steps, 0 out-of-memory failures"), "%s", out);
 	free(out);
+	/* The fallback recomputes the whole layer, moe.expert_in too, which
+	 * only a re-run of the dispatch all-to-all rebuilds. The unit log shows
+	 * it: on step 4 the spike sends all 512 rows of a stage to EP rank 0
+	 * (load 2, past max_factor 1), so every one of the 8 x 2 decisions of
+	 * every rank falls back; on any step the two EP ranks of a stage (ranks
+	 * 2s and 2s + 1) decide alike, since the re-run dispatch is a collective
+	 * both must call; and the steps stay bit for bit those of keeping
+	 * everything. */
+	int ein[6][8][4][2];
+	memset(ein, 0, sizeof ein);
+	for (int rank = 0; rank < 4; rank++) {
+		char path[4200];
+		snprintf(path, sizeof path, "%s.%d", prefix, rank);
+		FILE *u = fopen(path, "r");
+		cr_assert_not_null(u, "%s", path);
+		int step, mb, layer, unit, action;
+		long n;
+		unsigned long long bytes;
+		char name[64];
+		while (fscanf(u, "%d %d %d %d %63s %ld %llu %d", &step, &mb, &layer, &unit, name,
+		              &n, &bytes, &action) == 8)
+			if (!strcmp(name, "moe.expert_in")) {
+				cr_assert(step >= 1 && step <= 5 && mb >= 0 && mb < 8 &&
+				          layer >= 0 && layer < 4);
+				ein[step][mb][layer][rank % 2] = action == KILN_RT_RECOMPUTE;
+			}
+		cr_assert(feof(u), "%s: unreadable line", path);
+		fclose(u);
+		unlink(path);
+	}
+	for (int step = 1; step <= 5; step++)
+		for (int m = 0; m < 8; m++)
+			for (int layer = 0; layer < 4; layer++) {
+				cr_expect_eq(ein[step][m][layer][0], ein[step][m][layer][1],
+				             "step %d micro-batch %d layer %d", step, m, layer);
+				if (step == 4)
+					cr_expect(ein[step][m][layer][0],
+					          "step 4 micro-batch %d layer %d: no fallback", m,
+					          layer);
+			}
+	step_log k[8], l[8];
+	cr_assert_eq(read_log(keep_log, k, 8), 5);
+	cr_assert_eq(read_log(kiln_log, l, 8), 5);
+	for (int i = 0; i < 5; i++) {
+		cr_expect_str_eq(l[i].loss_hex, k[i].loss_hex, "loss of step %d", i + 1);
+		cr_expect_str_eq(l[i].grad_fnv, k[i].grad_fnv, "gradients of step %d", i + 1);
+	}
+	unlink(keep_log);
+	unlink(kiln_log);
+	unlink(prefix);
+	free(keep_log);
+	free(kiln_log);
+	free(prefix);
 	unlink(plan);
 	unlink(model);
 	free(plan);

@@ -551,13 +551,21 @@ def layer_forward(cfg, L, mod, x, group, spikes, key, pending, fixed_after):
         dist.all_to_all_single(recv_cnt, send_cnt, group=group)
     recv_cnt = recv_cnt.view(ep, LE)  # [source rank, local expert]
     per_expert = recv_cnt.sum(0).tolist()
-    L.decide(per_expert, pending=pending, fixed_after_bytes=fixed_after)
+    # Every rank's rows, so that the whole EP group takes the same decision
+    # past the declared load (the group's fallback; Megatron-Core's
+    # dispatcher all-gathers its counts over the EP group alike). Gathered
+    # under every policy, so that the ranks' calls match.
+    mine = torch.tensor([sum(per_expert)], dtype=torch.int64)
+    if group is None:
+        group_rows = mine.tolist()
+    else:
+        every = [torch.empty_like(mine) for _ in range(ep)]
+        dist.all_gather(every, mine, group=group)
+        group_rows = torch.cat(every).tolist()
+    L.decide(per_expert, pending=pending, fixed_after_bytes=fixed_after, group_rows=group_rows)
 
     send_rows = send_cnt.view(ep, LE).sum(1).tolist()
     recv_rows = recv_cnt.sum(1).tolist()
-    rows, wts = DispatchFn.apply(moe_in, probs, routed)
-    rrows = AllToAllFn.apply(rows, send_rows, recv_rows, group)
-    rw = AllToAllFn.apply(wts, send_rows, recv_rows, group)
 
     rc = recv_cnt.tolist()
 
@@ -575,13 +583,24 @@ def layer_forward(cfg, L, mod, x, group, spikes, key, pending, fixed_after):
                             device=x.device)
 
     perm = L.produce("moe.perm_idx", perm_map)
-    ein = L.register("moe.expert_in", PermuteFn.apply(rrows, perm))
-    w_rows = PermuteFn.apply(rw.unsqueeze(1), perm).squeeze(1)
+
+    def dispatch_in(m, p, perm):
+        """The dispatch: the rows of m and their gate weights sent to their
+        experts' ranks (two all-to-alls, collectives of the EP group), each
+        expert-major: moe.expert_in and the per-row weights."""
+        rows, wts = DispatchFn.apply(m, p, routed)
+        rrows = AllToAllFn.apply(rows, send_rows, recv_rows, group)
+        rw = AllToAllFn.apply(wts, send_rows, recv_rows, group)
+        return PermuteFn.apply(rrows, perm), PermuteFn.apply(rw.unsqueeze(1), perm).squeeze(1)
+
+    # The weights multiply inside the activation (Megatron's weighted
+    # SwiGLU): then the per-row probabilities are a unit, the expert output
+    # none. Both units are rebuilt by re-running the dispatch.
+    weighted_act = cfg.prob_apply == "activation"
+    ein, w_rows = L.produce(("moe.expert_in", "moe.expert_probs" if weighted_act else None),
+                            dispatch_in, moe_in, probs, perm, collective=True)
     up = L.produce("moe.expert_up", experts_up, ein, mod.w_up, per_expert)
-    if cfg.prob_apply == "activation":
-        # The weights multiply inside the activation (Megatron's weighted
-        # SwiGLU): the per-row probabilities are a unit, the expert output none.
-        L.register("moe.expert_probs", w_rows)
+    if weighted_act:
         act = L.produce("moe.expert_act", WeightedSwiGLUFn.apply, up, w_rows)
         weighted = experts_down(act, mod.w_down, per_expert)
     else:

@@ -240,7 +240,7 @@ def worker(rank, o, port, world):
         # Every rank's counts, summed (peaks and loads: their maxima).
         keys = ("decisions", "kept", "recomputed", "offloaded", "over_budget", "load_beyond",
                 "offloaded_bytes", "recomputed_bytes", "resident_checks", "router_offloads",
-                "templated_restores")
+                "templated_restores", "group_fallback", "group_offloads")
         sums = torch.tensor([mgr.stats[k] - before[k] for k in keys], dtype=torch.float64)
         dist.all_reduce(sums)
         peaks = torch.zeros(world, dtype=torch.float64)

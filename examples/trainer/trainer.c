@@ -579,6 +579,31 @@ static void ws_put(workspace *w)
 /* Computes unit u of micro-batch mb at layer li from its sources, which are
  * held: the forward and a recompute run this same code on the same bytes,
  * so a recomputed unit equals the original bit for bit. */
+/* The dispatch all-to-all: the rows of moe.in in send order (pos, from
+ * plan_dispatch) to their experts' ranks. recvbuf gets this rank's rows in
+ * received (source-major) order; sc and rc the floats sent to and received
+ * from each rank. A collective: every rank of the EP group calls it. */
+static void dispatch(trainer *tr, layer_run *r, const int32_t *pos, float *sendbuf, float *recvbuf,
+                     int32_t *sc, int32_t *rc)
+{
+	for (int t = 0; t < TR_T; t++)
+		for (int j = 0; j < TR_TOPK; j++)
+			memcpy(sendbuf + (size_t)pos[t * TR_TOPK + j] * TR_H,
+			       U(r, TR_U_MOE_IN) + (size_t)t * TR_H, 4u * TR_H);
+	row_counts(r, TR_H, sc, rc);
+	tr_comm_alltoallv(tr->comm, sendbuf, sc, recvbuf, rc);
+}
+
+/* moe.expert_in from the received rows: expert-major row i is received row
+ * perm[i]. */
+static void expert_rows(layer_run *r, const float *recvbuf)
+{
+	const int32_t *perm = (const int32_t *)r->u[TR_U_PERM].p;
+	for (int32_t i = 0; i < r->n_rows; i++)
+		memcpy(U(r, TR_U_EIN) + (size_t)i * TR_H, recvbuf + (size_t)perm[i] * TR_H,
+		       4u * TR_H);
+}
+
 static void produce(trainer *tr, uint32_t mb, int li, int u, int recompute)
 {
 	layer_run *r = &tr->runs[mb][li];
@@ -667,9 +692,32 @@ static void produce(trainer *tr, uint32_t mb, int li, int u, int recompute)
 	case TR_U_EACT:
 		tr_swiglu(U(r, TR_U_EUP), U(r, u), r->n_rows, TR_FE);
 		break;
+	case TR_U_EIN: {
+		/* Only a recompute comes here (the forward's dispatch makes the
+		 * unit in layer_forward): the dispatch is re-run, a collective
+		 * that every rank of the EP group runs at this point of the same
+		 * backward, because every rank recomputes expert_in alike: under
+		 * the group's fallback (the same plan on every rank, a function
+		 * of the group's counts; docs/runtime.md) or --policy mixed (a
+		 * function of the step, micro-batch, layer and unit only). */
+		int32_t expert[TR_T * TR_TOPK], pos[TR_T * TR_TOPK], send_cnt[TR_EP * TR_LE];
+		plan_dispatch(tr, mb, layer, U(r, TR_U_PROBS), expert, pos, send_cnt);
+		if (memcmp(send_cnt, r->send_cnt, sizeof send_cnt))
+			fail(EXIT_INPUT,
+			     "internal error: layer %d of micro-batch %u routes differently in its "
+			     "recompute",
+			     layer, mb);
+		float *sendbuf = xcalloc((size_t)TR_T * TR_TOPK * TR_H, sizeof(float));
+		float *recvbuf = xcalloc((size_t)r->n_rows * TR_H + 1, sizeof(float));
+		int32_t sc[TR_EP], rc[TR_EP];
+		dispatch(tr, r, pos, sendbuf, recvbuf, sc, rc);
+		expert_rows(r, recvbuf);
+		free(sendbuf);
+		free(recvbuf);
+		break;
+	}
 	default:
-		/* ln1.in is the layer's input and expert_in comes from the dispatch
-		 * all-to-all: kiln never plans to recompute either. */
+		/* ln1.in is the layer's input: kiln never plans to recompute it. */
 		fail(EXIT_INPUT, "internal error: unit %s cannot be produced here", unit_names[u]);
 	}
 	ws_put(&ws);
@@ -710,7 +758,7 @@ static void decide(trainer *tr, uint32_t mb, int li)
 		 * and reload path, alone and in combination. */
 		for (int u = 0; u < TR_NU; u++) {
 			int a = (u + (int)mb + layer + tr->step) % 3;
-			if (a == KILN_RT_RECOMPUTE && (u == TR_U_LN1_IN || u == TR_U_EIN))
+			if (a == KILN_RT_RECOMPUTE && u == TR_U_LN1_IN)
 				a = KILN_RT_OFFLOAD;
 			r->action[u] = (uint8_t)a;
 			tr->st.keep += a == KILN_RT_KEEP;
@@ -757,15 +805,11 @@ static void decide(trainer *tr, uint32_t mb, int li)
 		     p.n_units, TR_NU);
 	for (int u = 0; u < TR_NU; u++) {
 		r->action[u] = p.actions[u];
-		if ((p.flags & KILN_PLAN_GROUP_FALLBACK) && p.actions[u] == KILN_RT_RECOMPUTE &&
-		    u == TR_U_EIN) {
-			/* The group's fallback re-runs the dispatch to rebuild the
-			 * expert input; this trainer's backward has no all-to-all,
-			 * so it offloads the rows instead: the same device bytes
-			 * saved, on every rank of the group alike (docs/trainer.md). */
-			r->action[u] = KILN_RT_OFFLOAD;
-		}
-		if (r->action[u] == KILN_RT_RECOMPUTE && (u == TR_U_LN1_IN || u == TR_U_EIN))
+		/* expert_in is rebuilt by re-running the dispatch, a collective:
+		 * only the group's fallback may ask for it, since only then does
+		 * every rank of the group ask alike (docs/trainer.md). */
+		if (r->action[u] == KILN_RT_RECOMPUTE &&
+		    (u == TR_U_LN1_IN || (u == TR_U_EIN && !(p.flags & KILN_PLAN_GROUP_FALLBACK))))
 			fail(EXIT_INPUT,
 			     "plan %d recomputes %s, which only a collective or the previous "
 			     "layer can rebuild",
@@ -810,27 +854,19 @@ static void layer_forward(trainer *tr, uint32_t mb, int li, const float *x, floa
 		tr->st.max_rows = (uint64_t)r->n_rows;
 	decide(tr, mb, li);
 
-	/* Dispatch: rows of moe.in in send order, to their experts' ranks. */
 	float *sendbuf = xcalloc((size_t)TR_T * TR_TOPK * TR_H, sizeof(float));
 	float *recvbuf = xcalloc((size_t)r->n_rows * TR_H + 1, sizeof(float));
-	for (int t = 0; t < TR_T; t++)
-		for (int j = 0; j < TR_TOPK; j++)
-			memcpy(sendbuf + (size_t)pos[t * TR_TOPK + j] * TR_H,
-			       U(r, TR_U_MOE_IN) + (size_t)t * TR_H, 4u * TR_H);
 	int32_t sc[TR_EP], rc[TR_EP];
-	row_counts(r, TR_H, sc, rc);
-	tr_comm_alltoallv(tr->comm, sendbuf, sc, recvbuf, rc);
+	dispatch(tr, r, pos, sendbuf, recvbuf, sc, rc);
 	produce(tr, mb, li, TR_U_PERM, 0);
 	unit_alloc(tr, mb, layer, r, TR_U_EIN);
-	const int32_t *perm = (const int32_t *)r->u[TR_U_PERM].p;
-	for (int32_t i = 0; i < r->n_rows; i++)
-		memcpy(U(r, TR_U_EIN) + (size_t)i * TR_H, recvbuf + (size_t)perm[i] * TR_H,
-		       4u * TR_H);
+	expert_rows(r, recvbuf);
 	produce(tr, mb, li, TR_U_EUP, 0);
 	produce(tr, mb, li, TR_U_EACT, 0);
 	produce(tr, mb, li, TR_U_EOUT, 0);
 
 	/* Combine: expert outputs back to the tokens' ranks, in send order. */
+	const int32_t *perm = (const int32_t *)r->u[TR_U_PERM].p;
 	for (int32_t i = 0; i < r->n_rows; i++)
 		memcpy(recvbuf + (size_t)perm[i] * TR_H, U(r, TR_U_EOUT) + (size_t)i * TR_H,
 		       4u * TR_H);

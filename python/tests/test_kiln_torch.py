@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -54,7 +55,7 @@ def one_step(mgr, spikes=(), options=None):
         class Plain:
             rows = 0
 
-            def produce(self, name, fn, *src, rng=False, router=False):
+            def produce(self, name, fn, *src, rng=False, router=False, collective=False):
                 return fn(*src)
 
             def register(self, name, t):
@@ -126,9 +127,31 @@ def test_the_routers_output_is_never_recomputed():
         one_step(mgr)
     acts = {e[8] for e in mgr.log if e[4] == "moe.probs"}
     assert kiln.torch.RECOMPUTE not in acts and kiln.torch.OFFLOAD in acts
-    # The layer input and the dispatch's output have no recipe either.
-    for name in ("ln1.in", "moe.expert_in"):
-        assert kiln.torch.RECOMPUTE not in {e[8] for e in mgr.log if e[4] == name}
+    # The layer input has no recipe either. The dispatch's output has one
+    # that re-runs the dispatch (produce(collective=True)), which mixed uses
+    # (its actions are the same on every rank), and the recompute is
+    # bitwise (test_mixed_is_bitwise_the_plain_layer).
+    assert kiln.torch.RECOMPUTE not in {e[8] for e in mgr.log if e[4] == "ln1.in"}
+    assert kiln.torch.RECOMPUTE in {e[8] for e in mgr.log if e[4] == "moe.expert_in"}
+
+
+def test_a_collective_is_recomputed_only_under_the_group_fallback():
+    """A plan may recompute a collective's output only when the whole EP
+    group takes it alike: the group's fallback. Any other plan asking for it
+    is refused, as one rank alone would run the collective."""
+    mgr = kiln.torch.Manager(None, policy="mixed")
+    mgr.policy = "kiln"  # _action as under kiln, with the plans below
+    u = types.SimpleNamespace(fixed=False, router=False, collective=True, recipe=object(),
+                              index=0, name="moe.expert_in")
+    for fallback, want in ((True, kiln.torch.RECOMPUTE), (False, None)):
+        plan = types.SimpleNamespace(action_codes=(kiln.torch.RECOMPUTE,),
+                                     group_fallback=fallback, plan=7)
+        L = types.SimpleNamespace(plan=plan, layer=3, mb=0)
+        if want is None:
+            with pytest.raises(RuntimeError, match="moe.expert_in at layer 3, a collective"):
+                mgr._action(L, u, 0)
+        else:
+            assert mgr._action(L, u, 0) == want
 
 
 def test_over_the_budget_is_an_out_of_memory_error_naming_the_unit():

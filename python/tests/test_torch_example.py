@@ -154,6 +154,56 @@ def unit_logs(d):
     return units, extras
 
 
+def test_past_the_declared_load_the_group_falls_back_and_reruns_the_dispatch(tmp_path):
+    """Compiled at load.max_factor 1, every load above balanced is past the
+    declared load: the EP group's counts (all-gathered before the dispatch)
+    make both ranks of a stage take the fallback (full recompute of the
+    layer) alike, and moe.expert_in, which only the dispatch all-to-all
+    rebuilds, is recomputed by re-running it on both ranks, also on the rank
+    that received no rows at step 4's spike (every row of a stage to EP rank
+    0). The steps stay bit for bit those of keeping everything."""
+    with open(os.path.join(EXAMPLE, "model.yaml")) as f:
+        text = f.read()
+    assert text.count("max_factor: 2.0") == 1
+    model = tmp_path / "model.yaml"
+    model.write_text(text.replace("max_factor: 2.0", "max_factor: 1.0"))
+    plan1 = str(tmp_path / "m1.kiln")
+    r = kilnc("compile", str(model), "-o", plan1)
+    assert r.returncode == 0, r.stderr
+    spike = ["--spike", "4:1.0:0+1"]
+    dumps = {}
+    for name, extra in (("keep", ["--policy", "keep", "--budget", "1G"]),
+                        ("kiln", ["--policy", "kiln", "--unit-log", str(tmp_path / "units")])):
+        r = run("--plan", plan1, "--model", str(model), "--steps", "5", *spike, *extra,
+                "--quiet", "--log", str(tmp_path / (name + ".log")),
+                "--dump", str(tmp_path / name))
+        assert r.returncode == 0, "%s run: %s" % (name, r.stderr[-3000:])
+        dumps[name] = [torch.load(str(tmp_path / name / ("rank%d.pt" % k))) for k in range(4)]
+    for rank in range(4):
+        for step in range(5):
+            for what in ("losses", "grads", "params"):
+                for i, (x, y) in enumerate(zip(dumps["keep"][rank][step][what],
+                                               dumps["kiln"][rank][step][what])):
+                    assert torch.equal(x, y), (rank, step + 1, what, i)
+    with open(tmp_path / "kiln.log") as f:
+        log = [json.loads(line) for line in f]
+    # 4 micro-batches x 2 layers x 4 ranks decisions at step 4, all past.
+    assert log[3]["max_load"] == 2.0 and log[3]["group_fallback"] == 32, log[3]
+    assert all(s["group_offloads"] == 0 for s in log), log
+    units, _ = unit_logs(tmp_path)
+    ein = {}
+    for u in units:
+        if u["name"] == "moe.expert_in":
+            ein[(u["step"], u["mb"], u["layer"], u["rank"])] = (u["action"], u["rows"])
+    assert len(ein) == 5 * 4 * 2 * 4
+    for (step, mb, layer, rank), (action, rows) in ein.items():
+        # The two EP ranks of a stage (2s and 2s + 1) decide alike.
+        assert action == ein[(step, mb, layer, rank ^ 1)][0], (step, mb, layer, rank)
+        if step == 4:
+            assert action == kiln.runtime.RECOMPUTE, (mb, layer, rank)
+            assert rows == (512 if rank % 2 == 0 else 0), (mb, layer, rank, rows)
+
+
 def test_bytes_the_hooks_see_are_kiln_unit_bytes(runs, plan):
     units, _ = unit_logs(runs["dir"])
     # 20 steps x 4 micro-batches x 2 layers x every unit on each of 4 ranks.

@@ -96,7 +96,7 @@ class _Unit:
     its host copy while offloaded, its recipe for recompute."""
 
     __slots__ = ("name", "index", "mb", "layer", "tensor", "host", "event", "nbytes", "key",
-                 "recipe", "out_index", "action", "state", "fixed", "router")
+                 "recipe", "out_index", "action", "state", "fixed", "router", "collective")
 
     def __init__(self, name, index, mb, layer, tensor, recipe, out_index, fixed):
         self.name = name
@@ -114,6 +114,7 @@ class _Unit:
         self.state = "held"
         self.fixed = fixed
         self.router = False
+        self.collective = False
 
     def get(self, mgr):
         """The tensor, brought back (reload or recompute) if it was sent away."""
@@ -157,7 +158,7 @@ class Layer:
         output). Returns tensor."""
         return self.mgr._register(self, name, tensor, recipe, out_index, fixed)
 
-    def produce(self, name, fn, *sources, rng=False, router=False):
+    def produce(self, name, fn, *sources, rng=False, router=False, collective=False):
         """Runs fn(*sources) and names its output unit name; recompute re-runs
         fn on the same sources (units among them are brought back first). name
         may be a tuple when fn returns a tuple: one unit per output (None for an
@@ -166,7 +167,12 @@ class Layer:
         marks the router's output: never recomputed, so that nothing in the
         backward can see other tokens per expert than the forward did (a plan
         that recomputes it has it offloaded instead: the same bytes leave the
-        device, the exact values come back). Returns fn's output."""
+        device, the exact values come back). collective=True says fn runs a
+        collective of the EP group (the dispatch all-to-all): it is recomputed
+        only where every rank of the group recomputes it alike, under the
+        group's fallback (Plan.group_fallback, a function of the group's
+        counts) or --policy mixed; a plan that asks otherwise is refused.
+        Returns fn's output."""
         srcs = [self.mgr._unit_of(self, s) or s for s in sources]
         state = None
         if rng:
@@ -184,6 +190,7 @@ class Layer:
                 self.mgr._register(self, n, t, recipe, i if isinstance(name, tuple) else None,
                                    False)
                 self.units[n].router = router
+                self.units[n].collective = collective
         return out
 
     def decide(self, tokens_per_expert, pending=0, fixed_after_bytes=0, group_rows=None):
@@ -473,11 +480,16 @@ class Manager:
             return OFFLOAD
         if a == RECOMPUTE and u.recipe is None and L.plan.group_fallback:
             # The group's fallback re-runs the layer's collectives (the whole
-            # group does); this package's recipes do not, so a unit only a
-            # collective rebuilds is offloaded instead: the same device bytes
-            # saved, alike on every rank of the group.
+            # group does); a unit only a collective rebuilds and that has no
+            # recipe (registered, not produced with collective=True) is
+            # offloaded instead: the same device bytes saved, alike on every
+            # rank of the group.
             self.stats["group_offloads"] += 1
             return OFFLOAD
+        if a == RECOMPUTE and u.collective and not L.plan.group_fallback:
+            raise RuntimeError("plan %d recomputes %s at layer %d, a collective's output, "
+                               "outside the group's fallback (one rank alone would run "
+                               "the collective)" % (L.plan.plan, u.name, L.layer))
         if a == RECOMPUTE and u.recipe is None:
             raise RuntimeError("plan %d recomputes %s at layer %d, which has no recipe (a "
                                "layer input or a collective's output)" % (
@@ -637,7 +649,8 @@ class Manager:
         they overlap the other micro-batch's work there), the rest in unit
         order. Dropped units are recomputed where the backward first unpacks
         them, which is where the template places recomputes: just before the
-        backward chunk that reads them, so their bytes arrive last."""
+        backward chunk that reads them, so their bytes arrive last; a
+        collective's output (produce(collective=True)) right here instead."""
         order = []
         plan = L.plan
         if plan is not None and plan.template_id >= 0 and self.rt is not None:
@@ -655,6 +668,13 @@ class Manager:
                 self._restore_unit(u)
         for u in L.units.values():
             if u.state == "offloaded":
+                self._restore_unit(u)
+        # A collective's output is recomputed here, not where the backward
+        # first unpacks it: every rank of the group must run the collective
+        # at the same point, also a rank whose share is empty (no saved
+        # tensor of it is ever unpacked there).
+        for u in L.units.values():
+            if u.collective and u.state == "dropped":
                 self._restore_unit(u)
 
     def _release_layer(self, mb, layer):
