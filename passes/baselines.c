@@ -1401,8 +1401,9 @@ int kiln_megatron_search_beside(const kiln_compilation *c, double load,
 /* The EP group's fallback of every set (struct kiln_group_fallback):
  * full recompute's plan, its bytes as lines in the rows, its exposed time
  * as the line through the first and the last bucket, and the rows up to
- * which the stage's maximal-saving plan fits its budget, past the last
- * bucket too (kiln_budget_fit_rows, passes/budget.c). */
+ * which every rank is known to fit without it (kiln_budget_fit_rows,
+ * passes/budget.c: the tables' safety bound, and past the last bucket
+ * where every plan the runtime may choose fits the budget). */
 static int group_fallbacks(kiln_compilation *c)
 {
 	kiln_arena *a = c->arena;

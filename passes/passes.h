@@ -56,7 +56,7 @@ typedef struct kiln_compilation {
 } kiln_compilation;
 
 /* Per unit set, the plan every rank of an EP group switches to when some
- * rank of the group is beyond what the stage's maximal-saving plan fits
+ * rank of the group is past the rows known to fit without it (fit_rows)
  * (docs/runtime.md, "Beyond the declared load"): the full recompute plan
  * (passes/baselines.c), which re-runs the layer's collectives, as every
  * rank does it. Bytes are exact lines in the rows (kiln_plan_bytes_at);
