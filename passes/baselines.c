@@ -1401,8 +1401,9 @@ int kiln_megatron_search_beside(const kiln_compilation *c, double load,
 /* The EP group's fallback of every set (struct kiln_group_fallback):
  * full recompute's plan, its bytes as lines in the rows, its exposed time
  * as the line through the first and the last bucket, and the rows up to
- * which the stage's maximal-saving plan fits (the last bucket within the
- * budget's safety_factor, passes/budget.c). */
+ * which every rank is known to fit without it (kiln_budget_fit_rows,
+ * passes/budget.c: the tables' safety bound, and past the last bucket
+ * where every plan the runtime may choose fits the budget). */
 static int group_fallbacks(kiln_compilation *c)
 {
 	kiln_arena *a = c->arena;
@@ -1432,11 +1433,8 @@ static int group_fallbacks(kiln_compilation *c)
 				    un->bytes.per_n + (ws ? un->workspace_bytes.per_n : 0);
 			}
 		}
-		double balanced = c->graph->layers[set->layer].n_balanced;
-		double sf = c->budgets[set->stage].safety_factor;
-		for (int32_t b = 0; b < c->n_buckets; b++)
-			if (c->buckets[b] <= sf * (1 + 1e-12))
-				gf->fit_rows = (uint64_t)floor(c->buckets[b] * balanced + 1e-9);
+		if (kiln_budget_fit_rows(c, i, &gf->fit_rows) != 0)
+			return -1;
 		/* Scheduled as the simulator schedules full recompute (sim/policy.c,
 		 * static_cost). */
 		const kiln_plan_table *t0 = kiln_plan_table_of(c, i, 0);

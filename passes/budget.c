@@ -9,9 +9,11 @@
  * any one of them can still spike to load.max_factor (with its maximal
  * saving); when no plan allows that, the maximal-saving plan. The safety
  * bound is the largest bucket edge at which the maximal-saving plan (plus
- * the worst layer's transient) still fits in the budget.
+ * the worst layer's transient) still fits in the budget; the EP group's
+ * fit rows (kiln_budget_fit_rows) carry it past the last bucket.
  */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "costmodel/costmodel.h"
@@ -150,6 +152,125 @@ double kiln_budget_stage_bytes(const kiln_compilation *c, int32_t stage, int32_t
 	for (int32_t k = 0; k < n && k < 8; k++)
 		tabs[k] = kiln_plan_table_of(c, first + k, bucket);
 	return choice_bytes(tabs, n < 8 ? n : 8, fixed_bytes(c, stage), pts, out_transient);
+}
+
+/* The most bytes (resident + transient, as choice_bytes counts them) one
+ * micro-batch of S's stage can hold when each of its layers follows any
+ * point of its set's table at bucket b, each point's bytes exact at rows_S
+ * rows for S and the same load factor for any other MoE set of the stage
+ * (kiln_plan_bytes_at; a dense set has no rows):
+ * whatever the runtime picks from those tables, layer by layer, holds no
+ * more. Exact, in O(points): with MR_k the largest resident bytes of a
+ * point of set k (its keep-everything point, whose transient and offloaded
+ * bytes are 0), any choice holds
+ *
+ *   fixed + sum_k layers_k * MR_k + max(max_k C_k, A_j + B_k)
+ *
+ * over sets j, k (j = k only where set k has two layers or more), where
+ * C_k = max_p(res + transient + offloaded) - MR_k (one layer holds both the
+ * worst transient and the worst offload), A_k = max_p(res + transient) -
+ * MR_k and B_k = max_p(res + offloaded) - MR_k (two layers hold them): no
+ * choice exceeds it (bound each layer by MR_k but the one or two that
+ * hold the maxima), and keeping everything in every other layer attains it.
+ * Every unit's bytes are a line with a non-negative slope, so the result
+ * never falls as rows_S grows. bytes: per set, room for its table's
+ * points. */
+static double worst_stage_bytes_at(const kiln_compilation *c, const kiln_unit_set *S, int32_t b,
+                                   double rows_S, kiln_plan_bytes *const *bytes)
+{
+	int32_t s = S->stage, first, n = stage_sets(c, s, &first);
+	double factor = rows_S / c->graph->layers[S->layer].n_balanced;
+	double sum = c->budgets[s].fixed_bytes, best = 0;
+	double with_tr[8], with_off[8]; /* A_k, B_k */
+	for (int32_t k = 0; k < n; k++) {
+		const kiln_unit_set *set = &c->sets[first + k];
+		const kiln_plan_table *t = kiln_plan_table_of(c, first + k, b);
+		double rows = set == S ? rows_S
+		              : set->kind == KILN_LAYER_MOE
+		                  ? factor * c->graph->layers[set->layer].n_balanced
+		                  : 0;
+		double mr = 0, rt = 0, ro = 0, rto = 0;
+		for (int32_t p = 0; p < t->n_points; p++) {
+			kiln_plan_bytes *x = &bytes[k][p];
+			kiln_plan_bytes_at(set, c->pool->actions[t->plan[p]], rows, x);
+			mr = x->resident > mr ? x->resident : mr;
+			rt = x->resident + x->transient > rt ? x->resident + x->transient : rt;
+			ro = x->resident + x->offloaded > ro ? x->resident + x->offloaded : ro;
+			double all = x->resident + x->transient + x->offloaded;
+			rto = all > rto ? all : rto;
+		}
+		sum += (double)set->n_layers * mr;
+		with_tr[k] = rt - mr;
+		with_off[k] = ro - mr;
+		best = rto - mr > best ? rto - mr : best;
+	}
+	for (int32_t j = 0; j < n; j++)
+		for (int32_t k = 0; k < n; k++)
+			if ((j != k || c->sets[first + k].n_layers >= 2) &&
+			    with_tr[j] + with_off[k] > best)
+				best = with_tr[j] + with_off[k];
+	return sum + best;
+}
+
+int kiln_budget_fit_rows(const kiln_compilation *c, int32_t set, uint64_t *out_rows)
+{
+	const kiln_unit_set *S = &c->sets[set];
+	const kiln_stage_budget *bu = &c->budgets[S->stage];
+	double balanced = c->graph->layers[S->layer].n_balanced;
+	int32_t last = c->n_buckets - 1;
+	*out_rows = 0;
+	if (S->kind != KILN_LAYER_MOE || !(balanced > 0) || last < 0)
+		return 0;
+	/* Within the tables: the rows of the last bucket within the safety
+	 * factor (the blob's max_rows, codegen/blob.c). */
+	for (int32_t b = 0; b <= last; b++)
+		if (c->buckets[b] <= bu->safety_factor * (1 + 1e-12))
+			*out_rows = (uint64_t)floor(c->buckets[b] * balanced + 1e-9);
+	if (bu->safety_factor < c->buckets[last] * (1 - 1e-12))
+		return 0;
+	/* Past the last bucket the runtime picks from the last bucket's
+	 * tables by their figures, which understate the bytes
+	 * (KILN_PLAN_LOAD_BEYOND): the largest rows at which every choice from
+	 * those tables, at its exact bytes, still fits the budget. */
+	int32_t first, n = stage_sets(c, S->stage, &first);
+	if (n > 8)
+		return -1;
+	kiln_arena *scratch = kiln_arena_new();
+	if (!scratch)
+		return -1;
+	kiln_plan_bytes *bytes[8];
+	for (int32_t k = 0; k < n; k++) {
+		int32_t np = kiln_plan_table_of(c, first + k, last)->n_points;
+		bytes[k] =
+		    kiln_arena_alloc(scratch, sizeof(kiln_plan_bytes) * (size_t)(np ? np : 1));
+		if (!bytes[k]) {
+			kiln_arena_free(scratch);
+			return -1;
+		}
+	}
+	/* Whether rows fit is monotone in the rows (worst_stage_bytes_at never
+	 * falls as they grow): double them while they fit, then bisect. lo
+	 * fits (or is what the tables promise), hi does not. */
+	const uint64_t cap = UINT32_MAX; /* no count of a query exceeds it */
+	uint64_t lo = *out_rows, hi = cap + 1;
+	while (lo < cap) {
+		uint64_t r = lo == 0 ? 1 : lo > cap / 2 ? cap : 2 * lo;
+		if (worst_stage_bytes_at(c, S, last, (double)r, bytes) > bu->budget_bytes) {
+			hi = r;
+			break;
+		}
+		lo = r;
+	}
+	while (hi > lo + 1) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		if (worst_stage_bytes_at(c, S, last, (double)mid, bytes) <= bu->budget_bytes)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	kiln_arena_free(scratch);
+	*out_rows = lo;
+	return 0;
 }
 
 /* The views show the steady state: interleave ended the templates with one

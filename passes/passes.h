@@ -56,7 +56,7 @@ typedef struct kiln_compilation {
 } kiln_compilation;
 
 /* Per unit set, the plan every rank of an EP group switches to when some
- * rank of the group is beyond what the stage's maximal-saving plan fits
+ * rank of the group is past the rows known to fit without it (fit_rows)
  * (docs/runtime.md, "Beyond the declared load"): the full recompute plan
  * (passes/baselines.c), which re-runs the layer's collectives, as every
  * rank does it. Bytes are exact lines in the rows (kiln_plan_bytes_at);
@@ -65,7 +65,8 @@ typedef struct kiln_compilation {
  * first and the last bucket's rows. */
 struct kiln_group_fallback {
 	int32_t plan;      /* pool index; -1 for a dense set (no rows, no group) */
-	uint64_t fit_rows; /* the largest rows of the last bucket within safety_factor; 0 none */
+	uint64_t fit_rows; /* kiln_budget_fit_rows: the most rows safe without the fallback;
+	                      0 none */
 	kiln_lin resident, saved, transient;
 	double exposed_base_us, exposed_per_row_us;
 };
@@ -369,6 +370,21 @@ int kiln_budget_cheapest_fit(const kiln_plan_table *const *tables, int32_t n, do
  * plus the transient of the worst layer; for budget.c and its tests. */
 double kiln_budget_stage_bytes(const kiln_compilation *c, int32_t stage, int32_t bucket,
                                const int32_t *pts, double *out_transient);
+
+/* The rows up to which an MoE set's stage is safe without the EP group's
+ * fallback (docs/runtime.md, "Beyond the declared load"): within the
+ * tables, the rows of the last bucket within the stage's safety_factor
+ * (where its maximal-saving plan fits); where that is the last bucket, the
+ * largest rows r, capped at UINT32_MAX, at which any choice of points of
+ * the last bucket's tables, one per layer, each point's bytes exact at r
+ * (every MoE set of the stage at the same load factor), plus its
+ * transient, is at most budget_bytes: past the last bucket the runtime
+ * chooses by the last bucket's figures, which understate the bytes, so
+ * the only choice known to fit is every choice. 0 for a dense set or a
+ * stage without a safety factor. Deterministic in the compilation;
+ * O(64 bisection steps x the stage's table points). Returns 0, or -1 on
+ * exhaustion. */
+int kiln_budget_fit_rows(const kiln_compilation *c, int32_t set, uint64_t *out_rows);
 
 /* baselines.c */
 

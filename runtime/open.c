@@ -385,13 +385,14 @@ static uint64_t sat_add(uint64_t a, uint64_t b)
  * order; a record names no plan and is otherwise zero, or names a plan over
  * the units of its set, which is an MoE set, with bytes that are exactly
  * its units' (kept: resident, the rest: saved; the transient at least the
- * saved bytes), fit_rows within the set's last bucket and a finite,
+ * saved bytes), fit_rows at most the largest count a query carries
+ * (UINT32_MAX: past the last bucket it may be) and a finite,
  * non-negative exposed line. Run after the tables' checks. */
 static int check_groups(const kiln_rt *rt)
 {
 	if (!rt->groups)
 		return 0;
-	uint64_t n_sets = rt->count[KILN_SEC_SETS], nb = rt->meta->n_buckets;
+	uint64_t n_sets = rt->count[KILN_SEC_SETS];
 	if (rt->count[KILN_SEC_GROUPS] != n_sets)
 		return KILN_RT_ECORRUPT;
 	for (uint64_t k = 0; k < n_sets; k++) {
@@ -410,7 +411,7 @@ static int check_groups(const kiln_rt *rt)
 		}
 		if (s->kind != KILN_BLOB_SET_MOE || g->plan >= rt->count[KILN_SEC_PLANS] ||
 		    !same_units(rt, (uint32_t)k, rt->plans[g->plan].set) ||
-		    g->fit_rows > rt->buckets[k * nb + nb - 1].max_rows)
+		    g->fit_rows > UINT32_MAX)
 			return KILN_RT_ECORRUPT;
 		const uint8_t *act = rt->actions + rt->plans[g->plan].actions;
 		uint64_t rb = 0, rp = 0, sb = 0, sp = 0;

@@ -1,12 +1,14 @@
 /* tests/test_group.c: the EP group's fallback beyond the declared load
  * (docs/runtime.md, "Beyond the declared load"): the compiler's GROUPS
- * section (passes/baselines.c, codegen/blob.c), its validation
+ * section (passes/baselines.c, codegen/blob.c) and its threshold
+ * (passes/budget.c, kiln_budget_fit_rows), its validation
  * (runtime/open.c), the group rule in select (runtime/select.c) and the
  * simulator's use of it (sim/sim.c, sim/policy.c).
  *
- * Expected values come from elsewhere than the code under test: the rule's
- * threshold from the public stage and table getters (the rows of the last
- * bucket within the stage's safety factor), the fallback plan from the
+ * Expected values come from elsewhere than the code under test: the
+ * threshold by hand on a roomy tiny and by brute force over every choice
+ * of plans on its stages (never below what the public stage and table
+ * getters say the tables promise), the fallback plan from the
  * compilation's full-recompute baseline, its bytes summed by hand from the
  * public per-unit figures, the rule's answer by brute force over every
  * combination of a few row counts on groups of one to four ranks, and the
@@ -34,7 +36,7 @@
  * balanced rows: sim/sim.c, r_max), 4 micro-batches and 12 MiB of device
  * memory: at 11x on one rank full recompute fits and kiln without the
  * group's counts does not (measured below, not assumed). */
-static char *tiny16_path(void)
+static char *tiny16_path_mem(const char *memory_gib)
 {
 	FILE *f = fopen(kt_src("examples/models/tiny.yaml"), "r");
 	cr_assert_not_null(f);
@@ -42,12 +44,11 @@ static char *tiny16_path(void)
 	size_t len = fread(text, 1, sizeof text - 1, f);
 	fclose(f);
 	text[len] = '\0';
-	static const char *const edits[][2] = {
-	    {"experts: 8", "experts: 32"},
-	    {"devices: 8", "devices: 32"},
-	    {"ep: 4", "ep: 16"},
-	    {"global_batch: 32", "global_batch: 128"},
-	    {"memory_gib: 0.009765625", "memory_gib: 0.01171875"}};
+	const char *const edits[][2] = {{"experts: 8", "experts: 32"},
+	                                {"devices: 8", "devices: 32"},
+	                                {"ep: 4", "ep: 16"},
+	                                {"global_batch: 32", "global_batch: 128"},
+	                                {"memory_gib: 0.009765625", memory_gib}};
 	char out[8192];
 	for (size_t e = 0; e < sizeof edits / sizeof edits[0]; e++) {
 		char *at = strstr(text, edits[e][0]);
@@ -57,6 +58,11 @@ static char *tiny16_path(void)
 		memcpy(text, out, strlen(out) + 1);
 	}
 	return kt_temp_file(".yaml", text, strlen(text));
+}
+
+static char *tiny16_path(void)
+{
+	return tiny16_path_mem("memory_gib: 0.01171875");
 }
 
 typedef struct fixture {
@@ -83,6 +89,17 @@ static void setup_path(fixture *f, const char *path)
 static void setup_tiny16(fixture *f)
 {
 	char *p = tiny16_path();
+	setup_path(f, p);
+	unlink(p);
+	free(p);
+}
+
+/* tiny16 with 16 MiB (15 MiB for activations, weights and state after the
+ * 1 MiB reserved): room enough that the threshold lies past the last
+ * bucket (kiln_budget_fit_rows). */
+static void setup_tiny16_roomy(fixture *f)
+{
+	char *p = tiny16_path_mem("memory_gib: 0.015625");
 	setup_path(f, p);
 	unlink(p);
 	free(p);
@@ -133,10 +150,13 @@ static unsigned char *as_1_0(const fixture *f, size_t *out_len)
 	return b;
 }
 
-/* The rule's threshold from the public getters: the largest rows of the
- * last bucket whose load factor is within the stage's safety factor (0:
- * none is). */
-static uint64_t expected_fit(const kiln_rt *rt, int32_t layer)
+/* What the tables promise, from the public getters: the largest rows of
+ * the last bucket whose load factor is within the stage's safety factor (0:
+ * none is). The threshold is at least this (docs/runtime.md, "Why this
+ * threshold"); past the last bucket it may be more (checked by
+ * fit_rows_by_hand_past_the_last_bucket and
+ * fit_rows_is_where_some_choice_stops_fitting_brute_force). */
+static uint64_t tables_fit(const kiln_rt *rt, int32_t layer)
 {
 	kiln_rt_layer_info li;
 	kiln_rt_stage_info si;
@@ -152,6 +172,18 @@ static uint64_t expected_fit(const kiln_rt *rt, int32_t layer)
 			fit = t.max_rows;
 	}
 	return fit;
+}
+
+/* The rule's threshold: the blob's record (the rule's tests take it as
+ * given), never below what the tables promise. */
+static uint64_t expected_fit(const kiln_rt *rt, int32_t layer)
+{
+	kiln_rt_group_info gi;
+	cr_assert_eq(kiln_rt_group_get(rt, layer, &gi), 0);
+	if (gi.plan < 0)
+		return 0;
+	cr_assert_geq(gi.fit_rows, tables_fit(rt, layer), "layer %d", layer);
+	return gi.fit_rows;
 }
 
 /* The set of model layer `layer` in the compilation. */
@@ -338,6 +370,235 @@ Test(group, bad_group_counts)
 	teardown(&f);
 }
 
+/* ------------------------------------------------------------ the threshold */
+
+/* One table point's bytes at `rows`, summed by hand from the public
+ * per-unit figures (kiln_rt_unit_bytes) and each unit's recompute
+ * workspace, which the blob does not carry (the compiler's unit set): a
+ * kept unit is resident; a recomputed one is rebuilt in the backward beside
+ * its workspace (transient); an offloaded one is reloaded (transient) and
+ * may be in flight while the layer before runs its backward (offloaded).
+ * As passes/budget.c counts a micro-batch: resident + the worst transient
+ * + the worst offloaded. */
+typedef struct pbytes {
+	double res, tr, off;
+} pbytes;
+
+static pbytes point_bytes(const fixture *f, int32_t layer, int32_t bucket, int32_t i, uint64_t rows)
+{
+	kiln_rt_point pt;
+	cr_assert_eq(kiln_rt_point_get(f->rt, layer, bucket, i, &pt), 0);
+	const uint8_t *acts;
+	int32_t n, tpl;
+	cr_assert_eq(kiln_rt_plan_get(f->rt, pt.plan, &acts, &n, &tpl), 0);
+	const kiln_unit_set *set = &f->c.sets[set_of(&f->c, layer)];
+	cr_assert_eq(n, set->n_units);
+	pbytes p = {0, 0, 0};
+	for (int32_t u = 0; u < n; u++) {
+		double b = (double)kiln_rt_unit_bytes(f->rt, layer, u, rows);
+		if (acts[u] == KILN_RT_KEEP) {
+			p.res += b;
+		} else if (acts[u] == KILN_RT_RECOMPUTE) {
+			p.tr += b + kiln_lin_at(set->units[u].workspace_bytes, (double)rows);
+		} else {
+			p.tr += b;
+			p.off += b;
+		}
+	}
+	return p;
+}
+
+/* The most bytes one micro-batch of `stage` can hold when each of its
+ * layers takes any point of its table at the last bucket (what the
+ * runtime chooses from past it), its MoE layers at `rows`: brute force
+ * over every assignment of points to layers, fixed + sum of resident +
+ * the worst transient + the worst offloaded. */
+static double worst_by_brute_force(const fixture *f, int32_t stage, uint64_t rows)
+{
+	kiln_rt_info info;
+	kiln_rt_info_get(f->rt, &info);
+	kiln_rt_stage_info si;
+	cr_assert_eq(kiln_rt_stage_get(f->rt, stage, &si), 0);
+	int32_t last = info.n_buckets - 1, nl = 0, np[8];
+	pbytes *pts[8];
+	for (int32_t l = 0; l < info.n_model_layers; l++) {
+		kiln_rt_layer_info li;
+		cr_assert_eq(kiln_rt_layer_get(f->rt, l, &li), 0);
+		if (li.stage != stage)
+			continue;
+		cr_assert_lt(nl, 8);
+		kiln_rt_table_info ti;
+		cr_assert_eq(kiln_rt_table_get(f->rt, l, last, &ti), 0);
+		np[nl] = ti.n_points;
+		pts[nl] = malloc(sizeof(pbytes) * (size_t)ti.n_points);
+		cr_assert_not_null(pts[nl]);
+		for (int32_t i = 0; i < ti.n_points; i++)
+			pts[nl][i] = point_bytes(f, l, last, i, li.moe ? rows : 0);
+		nl++;
+	}
+	int32_t cur[8] = {0};
+	double worst = 0;
+	for (;;) {
+		double res = (double)si.fixed_bytes, tr = 0, off = 0;
+		for (int32_t k = 0; k < nl; k++) {
+			const pbytes *p = &pts[k][cur[k]];
+			res += p->res;
+			tr = p->tr > tr ? p->tr : tr;
+			off = p->off > off ? p->off : off;
+		}
+		worst = res + tr + off > worst ? res + tr + off : worst;
+		int32_t k = 0;
+		while (k < nl && ++cur[k] == np[k])
+			cur[k++] = 0;
+		if (k == nl)
+			break;
+	}
+	for (int32_t k = 0; k < nl; k++)
+		free(pts[k]);
+	return worst;
+}
+
+/* The threshold on the roomy tiny's stage 1 (4 MoE layers, 1 micro-batch
+ * in flight, the last bucket at 3x = 1536 rows), by hand:
+ *
+ *   budget = capacity - static - (inflight - 1) * steady
+ *          = (16 - 1) MiB - 4,040,496 = 15,728,640 - 4,040,496 = 11,688,144
+ *   keep everything, one MoE layer: 6 units of 32,768 (ln1.in, attn.qkv_in,
+ *     attn.out, ln2.in, moe.in, moe.probs) + attn.qkv 65,536 + attn.lse
+ *     4,096 + 2 rstd of 1,024 = 268,288 bytes, and 8 + 128 + 4 + 512 + 256
+ *     = 908 bytes per row (perm_idx, expert_in, expert_probs, expert_up,
+ *     expert_act)
+ *   fixed (the head's activations on the last stage) = 328,704
+ *
+ * Any choice of points holds at most fixed + 4 * keep(r) + X(r), with X the
+ * largest recompute workspace plus offloaded bytes of one point (a layer
+ * that saves rebuilds or reloads what it saved: its resident + transient is
+ * keep + workspace, and its offloads can be in flight beside it; the other
+ * layers keep everything), and keeping everything in the other three
+ * layers attains it. Today the largest X is the point that offloads
+ * attn.qkv, moe.expert_in, moe.expert_up and moe.expert_act (65,536 +
+ * 896 r) and recomputes attn.qkv_in, moe.in and moe.probs (workspace
+ * 32,768): X = 98,304 + 896 r. So
+ *
+ *   328,704 + 4 (268,288 + 908 r) + 98,304 + 896 r = 1,500,160 + 4,528 r
+ *     <= 11,688,144  <=>  r <= 10,187,984 / 4,528 = 2,249.99
+ *
+ * and fit_rows = 2,249 (4.39x of the 512 balanced rows), past the last
+ * bucket's 1,536. The test takes X's point from the table (the one with
+ * the largest X at the threshold) and checks the closed form with its line;
+ * the literal checks today's point. */
+Test(group, fit_rows_by_hand_past_the_last_bucket, .timeout = 120)
+{
+	fixture f;
+	setup_tiny16_roomy(&f);
+	const int32_t layer = 4; /* stage 1's first MoE layer */
+	kiln_rt_layer_info li;
+	cr_assert_eq(kiln_rt_layer_get(f.rt, layer, &li), 0);
+	cr_assert(li.moe && li.stage == 1);
+	cr_assert_eq(li.balanced_rows, 512);
+	kiln_rt_stage_info si;
+	cr_assert_eq(kiln_rt_stage_get(f.rt, 1, &si), 0);
+	cr_assert_eq(si.inflight, 1);
+	cr_assert_eq(si.n_layers, 4);
+	cr_assert_eq(si.capacity_bytes, 15728640);
+	cr_assert_eq(si.budget_bytes, si.capacity_bytes - si.static_bytes);
+	uint64_t kb = 0, kp = 0;
+	for (int32_t u = 0; u < li.n_units; u++) {
+		kiln_rt_unit_info ui;
+		cr_assert_eq(kiln_rt_unit_get(f.rt, layer, u, &ui), 0);
+		kb += ui.base_bytes;
+		kp += ui.per_row_bytes;
+	}
+	cr_assert_eq(kb, 268288);
+	cr_assert_eq(kp, 908);
+
+	kiln_rt_info info;
+	kiln_rt_info_get(f.rt, &info);
+	int32_t last = info.n_buckets - 1;
+	kiln_rt_table_info ti;
+	cr_assert_eq(kiln_rt_table_get(f.rt, layer, last, &ti), 0);
+	cr_assert_eq(ti.max_rows, 1536);
+	/* X of point i at rows: what it holds beyond keeping everything. */
+#define X_AT(i, r)                                                                                 \
+	(point_bytes(&f, layer, last, (i), (r)).res + point_bytes(&f, layer, last, (i), (r)).tr +  \
+	 point_bytes(&f, layer, last, (i), (r)).off - (double)(kb + kp * (r)))
+	int32_t arg = 0;
+	for (int32_t i = 1; i < ti.n_points; i++)
+		if (X_AT(i, 2250) > X_AT(arg, 2250))
+			arg = i;
+	double x0 = X_AT(arg, 0), x1 = X_AT(arg, 1) - x0;
+	for (int32_t i = 0; i < ti.n_points; i++)
+		cr_assert_leq(X_AT(i, 2249), X_AT(arg, 2249),
+		              "one point has the largest X at both");
+#undef X_AT
+	double hand =
+	    floor(((double)si.budget_bytes - (double)si.fixed_bytes - 4.0 * (double)kb - x0) /
+	          (4.0 * (double)kp + x1));
+	kiln_rt_group_info gi;
+	cr_assert_eq(kiln_rt_group_get(f.rt, layer, &gi), 0);
+	cr_assert_eq((double)gi.fit_rows, hand, "fit_rows %" PRIu64 ", by hand %.0f", gi.fit_rows,
+	             hand);
+	cr_assert_eq(si.fixed_bytes, 328704);
+	cr_assert_eq(si.budget_bytes, 11688144);
+	cr_assert_eq(x0, 98304, "today's worst point (the comment's hand calculation)");
+	cr_assert_eq(x1, 896);
+	cr_assert_eq(gi.fit_rows, 2249);
+	teardown(&f);
+}
+
+/* On every stage of tiny16 and of the roomy tiny: at fit_rows every
+ * choice of the last bucket's points fits the stage's budget, and one row
+ * more some choice does not (where the threshold lies past the last
+ * bucket), or the threshold is the tables' own (where it does not), by
+ * brute force over every assignment of points to the stage's layers. */
+Test(group, fit_rows_is_where_some_choice_stops_fitting_brute_force, .timeout = 300)
+{
+	int past = 0;
+	for (int roomy = 0; roomy < 2; roomy++) {
+		fixture f;
+		if (roomy)
+			setup_tiny16_roomy(&f);
+		else
+			setup_tiny16(&f);
+		kiln_rt_info info;
+		kiln_rt_info_get(f.rt, &info);
+		for (int32_t s = 0; s < info.n_stages; s++) {
+			int32_t layer = -1;
+			for (int32_t l = 0; l < info.n_model_layers && layer < 0; l++) {
+				kiln_rt_layer_info li;
+				cr_assert_eq(kiln_rt_layer_get(f.rt, l, &li), 0);
+				if (li.stage == s && li.moe)
+					layer = l;
+			}
+			cr_assert_geq(layer, 0);
+			kiln_rt_stage_info si;
+			cr_assert_eq(kiln_rt_stage_get(f.rt, s, &si), 0);
+			/* The budget is what the others at their steady plan leave
+			 * (the blob rounds each figure to a byte). */
+			double want = (double)si.capacity_bytes - (double)si.static_bytes -
+			              (si.inflight - 1) * (double)si.steady_bytes;
+			cr_assert_leq(fabs((double)si.budget_bytes - want), si.inflight + 1);
+			kiln_rt_group_info gi;
+			cr_assert_eq(kiln_rt_group_get(f.rt, layer, &gi), 0);
+			uint64_t tables = tables_fit(f.rt, layer);
+			cr_assert_geq(gi.fit_rows, tables);
+			double beyond = worst_by_brute_force(&f, s, gi.fit_rows + 1);
+			cr_assert_gt(beyond, (double)si.budget_bytes,
+			             "stage %d: one row past %" PRIu64 " some choice does not fit",
+			             s, gi.fit_rows);
+			if (gi.fit_rows > tables) {
+				past++;
+				cr_assert_leq(worst_by_brute_force(&f, s, gi.fit_rows),
+				              (double)si.budget_bytes,
+				              "stage %d: at %" PRIu64 " rows every choice fits", s,
+				              gi.fit_rows);
+			}
+		}
+		teardown(&f);
+	}
+	cr_assert_eq(past, 2, "the roomy tiny's two stages are past the last bucket");
+}
+
 /* ------------------------------------------------------------ the section */
 
 /* Each field of a GROUPS record set out of range, the CRC rewritten: the
@@ -357,11 +618,6 @@ Test(group, out_of_range_records_are_refused)
 			dense = k;
 	}
 	cr_assert(moe >= 0 && dense >= 0);
-	kiln_blob_bucket last;
-	memcpy(&last,
-	       f.blob + section(f.blob, KILN_SEC_BUCKETS).offset +
-	           ((size_t)moe * (size_t)f.c.n_buckets + (size_t)f.c.n_buckets - 1) * sizeof last,
-	       sizeof last);
 	for (int mut = 0; mut < 14; mut++) {
 		unsigned char *b = malloc(f.len);
 		memcpy(b, f.blob, f.len);
@@ -382,7 +638,7 @@ Test(group, out_of_range_records_are_refused)
 			d->fit_rows = 1, what = "a dense record's field";
 			break;
 		case 4:
-			m->fit_rows = last.max_rows + 1, what = "fit_rows past the last bucket";
+			m->fit_rows = (uint64_t)UINT32_MAX + 1, what = "fit_rows past any count";
 			break;
 		case 5:
 			m->resident_base_bytes += 1, what = "resident base";
@@ -611,6 +867,79 @@ Test(group, heavy_tail_survives_with_the_group_counts, .timeout = 300)
 	cr_assert_eq(without[1].ooms, 0);
 	cr_assert_gt(without[0].ooms, 0, "kiln without the counts fails (measured)");
 	cr_assert_eq(with[0].ooms, 0, "kiln with the group fallback has no failure");
+	teardown(&f);
+}
+
+/* A factor trace for the roomy tiny (16 EP ranks, 512 balanced rows): in
+ * each of 2 iterations x 4 micro-batches one rank, a different one in
+ * each micro-batch, receives at every MoE layer the layer's fit_rows plus
+ * `extra` rows (a multiple of 1/512 is exact in binary, so the simulator's
+ * rows are exactly those), the others share the rest. Returns its path
+ * (caller unlinks and frees). */
+static char *threshold_trace(const fixture *f, uint64_t extra)
+{
+	size_t cap = 1 << 16, len = 0;
+	char *text = malloc(cap);
+	cr_assert_not_null(text);
+	len += (size_t)snprintf(text + len, cap - len, "iteration,microbatch,layer,rank,factor\n");
+	for (int32_t it = 0; it < 2; it++)
+		for (int32_t mb = 0; mb < 4; mb++) {
+			int32_t hot = (4 * it + mb) % 16, k = 0;
+			for (int32_t l = 0; l < (int32_t)f->c.model->layers; l++) {
+				kiln_rt_layer_info li;
+				kiln_rt_group_info gi;
+				cr_assert_eq(kiln_rt_layer_get(f->rt, l, &li), 0);
+				if (!li.moe)
+					continue;
+				cr_assert_eq(kiln_rt_group_get(f->rt, l, &gi), 0);
+				double hf = (double)(gi.fit_rows + extra) / 512.0,
+				       rest = (16 - hf) / 15;
+				for (int32_t r = 0; r < 16; r++) {
+					cr_assert_lt(len + 128, cap);
+					len += (size_t)snprintf(text + len, cap - len,
+					                        "%d,%d,%d,%d,%.17g\n", it, mb, k, r,
+					                        r == hot ? hf : rest);
+				}
+				k++;
+			}
+		}
+	char *path = kt_temp_file(".csv", text, len);
+	free(text);
+	return path;
+}
+
+/* In the simulator, on the roomy tiny (its thresholds past the last
+ * bucket): a rank at exactly fit_rows keeps the adaptive plans (with the
+ * group's counts kiln runs to the bit as without them, with no failure),
+ * a rank one row past it makes the group fall back (kiln with the counts
+ * recomputes the layers in full, which costs exposed recompute time that
+ * kiln without them, adaptive there, does not pay). */
+Test(group, one_row_past_the_threshold_falls_back_at_it_does_not, .timeout = 300)
+{
+	fixture f;
+	setup_tiny16_roomy(&f);
+	kiln_sim_result with[2], without[2];
+	char *at = threshold_trace(&f, 0);
+	simulate(&f, at, 0, with);
+	simulate(&f, at, 1, without);
+	cr_assert_eq(with[0].ooms, 0, "at the threshold the adaptive plans fit");
+	cr_assert_eq(with[0].tokens_per_s, without[0].tokens_per_s);
+	cr_assert_eq(with[0].recompute_s, without[0].recompute_s);
+	cr_assert_eq(with[0].over_budget, without[0].over_budget);
+	for (int32_t st = 0; st < f.c.graph->n_stages; st++)
+		cr_assert_eq(with[0].peak_bytes[st], without[0].peak_bytes[st]);
+	unlink(at);
+	free(at);
+
+	char *past = threshold_trace(&f, 1);
+	simulate(&f, past, 0, with);
+	simulate(&f, past, 1, without);
+	cr_assert_eq(with[0].ooms, 0);
+	cr_assert_gt(with[0].recompute_s, without[0].recompute_s,
+	             "one row past the threshold the group recomputes in full");
+	cr_assert_lt(with[0].tokens_per_s, without[0].tokens_per_s);
+	unlink(past);
+	free(past);
 	teardown(&f);
 }
 

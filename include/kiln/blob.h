@@ -199,9 +199,10 @@ typedef struct kiln_blob_group {
 	uint32_t set;                 /* = the record's index */
 	uint32_t plan;                /* PLANS index over the set's units; UINT32_MAX: none
 	                                 (dense sets, which have no rows) */
-	uint64_t fit_rows;            /* the largest rows of the last bucket whose
-	                                 maximal-saving plan fits the stage (safety_factor);
-	                                 0 with no plan */
+	uint64_t fit_rows;            /* the most rows safe without the fallback: the last
+	                                 bucket within safety_factor, and past the last
+	                                 bucket where every choice fits (docs/runtime.md);
+	                                 <= UINT32_MAX; 0 with no plan */
 	uint64_t resident_base_bytes; /* the plan's kept units */
 	uint64_t resident_per_row_bytes;
 	uint64_t saved_base_bytes; /* its recomputed and offloaded units */
