@@ -44,7 +44,7 @@ static int check_header(const unsigned char *b, size_t size)
 		return KILN_RT_EVERSION;
 	if (h.file_bytes != size)
 		return KILN_RT_ETRUNC;
-	/* 1.0 has every section but GROUPS, 1.1 adds it at the end. */
+	/* 1.0 has every section but GROUPS, 1.1 adds it at the end (1.2 too). */
 	uint32_t n_sections = h.minor == 0 ? KILN_SEC_GROUPS : KILN_SEC_COUNT;
 	if (h.header_bytes != sizeof(kiln_blob_header) || h.n_sections != n_sections ||
 	    h.table_offset != sizeof(kiln_blob_header))
@@ -381,18 +381,20 @@ static uint64_t sat_add(uint64_t a, uint64_t b)
 	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
-/* 1.1's GROUPS (docs/blob-format.md, "Groups"): one record per set, in set
- * order; a record names no plan and is otherwise zero, or names a plan over
- * the units of its set, which is an MoE set, with bytes that are exactly
- * its units' (kept: resident, the rest: saved; the transient at least the
- * saved bytes), fit_rows at most the largest count a query carries
- * (UINT32_MAX: past the last bucket it may be) and a finite,
- * non-negative exposed line. Run after the tables' checks. */
+/* GROUPS (1.1 on; docs/blob-format.md, "Groups"): one record per set, in
+ * set order; a record names no plan and is otherwise zero, or names a plan
+ * over the units of its set, which is an MoE set, with bytes that are
+ * exactly its units' (kept: resident, the rest: saved; the transient at
+ * least the saved bytes), fit_rows within the set's last bucket (1.1) or at
+ * most the largest count a query carries (1.2: UINT32_MAX, since past the
+ * last bucket it may be), and a finite, non-negative exposed line. Run
+ * after the tables' checks. */
 static int check_groups(const kiln_rt *rt)
 {
 	if (!rt->groups)
 		return 0;
-	uint64_t n_sets = rt->count[KILN_SEC_SETS];
+	uint64_t n_sets = rt->count[KILN_SEC_SETS], nb = rt->meta->n_buckets;
+	uint16_t minor = ((const kiln_blob_header *)rt->base)->minor;
 	if (rt->count[KILN_SEC_GROUPS] != n_sets)
 		return KILN_RT_ECORRUPT;
 	for (uint64_t k = 0; k < n_sets; k++) {
@@ -411,7 +413,7 @@ static int check_groups(const kiln_rt *rt)
 		}
 		if (s->kind != KILN_BLOB_SET_MOE || g->plan >= rt->count[KILN_SEC_PLANS] ||
 		    !same_units(rt, (uint32_t)k, rt->plans[g->plan].set) ||
-		    g->fit_rows > UINT32_MAX)
+		    g->fit_rows > (minor == 1 ? rt->buckets[k * nb + nb - 1].max_rows : UINT32_MAX))
 			return KILN_RT_ECORRUPT;
 		const uint8_t *act = rt->actions + rt->plans[g->plan].actions;
 		uint64_t rb = 0, rp = 0, sb = 0, sp = 0;

@@ -132,7 +132,7 @@ Test(blobcmd, inspect_text_and_json)
 	char *p = compile_tiny();
 	kt_run r = kt_kilnc((const char *const[]){"inspect", p, NULL}, NULL);
 	cr_assert_eq(r.status, 0, "%s", r.err);
-	cr_assert_not_null(strstr(r.out, "kiln plan blob 1.1"), "%s", r.out);
+	cr_assert_not_null(strstr(r.out, "kiln plan blob 1.2"), "%s", r.out);
 	cr_assert_not_null(strstr(r.out, "model tiny"), "%s", r.out);
 	cr_assert_not_null(strstr(r.out, "moe.expert_up"), "%s", r.out);
 	cr_assert_not_null(strstr(r.out, "TEMPLATES"), "%s", r.out);
@@ -395,9 +395,9 @@ Test(blobcmd, unsupported_version_names_both_versions)
 	struct {
 		uint16_t major, minor;
 		const char *want;
-	} cases[] = {{2, 0, "unsupported blob version 2.0; this kilnc reads 1.0 to 1.1"},
-	             {1, 3, "unsupported blob version 1.3; this kilnc reads 1.0 to 1.1"},
-	             {0, 9, "unsupported blob version 0.9; this kilnc reads 1.0 to 1.1"}};
+	} cases[] = {{2, 0, "unsupported blob version 2.0; this kilnc reads 1.0 to 1.2"},
+	             {1, 3, "unsupported blob version 1.3; this kilnc reads 1.0 to 1.2"},
+	             {0, 9, "unsupported blob version 0.9; this kilnc reads 1.0 to 1.2"}};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		memcpy(bytes + offsetof(kiln_blob_header, major), &cases[i].major, 2);
 		memcpy(bytes + offsetof(kiln_blob_header, minor), &cases[i].minor, 2);

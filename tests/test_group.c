@@ -727,6 +727,64 @@ Test(group, a_1_0_blob_opens_and_ignores_the_counts)
 	teardown(&f);
 }
 
+/* The roomy fixture's blob labelled 1.1 (the same sections and layout):
+ * 1.1 checked fit_rows against the set's last bucket's max_rows, so with
+ * fit_rows past it (2,249 rows on stage 1's sets against 1,536,
+ * fit_rows_by_hand_past_the_last_bucket) the 1.1 blob is corrupt, and with
+ * those records' fit_rows set to the last bucket's max_rows it opens and
+ * reports minor 1. The blob as written (1.2) opens. */
+Test(group, a_1_1_blob_keeps_its_fit_rows_check, .timeout = 120)
+{
+	fixture f;
+	setup_tiny16_roomy(&f);
+	kiln_rt_info info;
+	kiln_rt_info_get(f.rt, &info);
+	cr_assert_eq(info.minor, 2);
+	kiln_blob_section gs = section(f.blob, KILN_SEC_GROUPS);
+	kiln_blob_section bs = section(f.blob, KILN_SEC_BUCKETS);
+	unsigned char *b = malloc(f.len);
+	cr_assert_not_null(b);
+	memcpy(b, f.blob, f.len);
+	kiln_blob_header h;
+	memcpy(&h, b, sizeof h);
+	h.minor = 1;
+	memcpy(b, &h, sizeof h);
+	int past = 0;
+	for (int32_t k = 0; k < f.c.n_sets; k++) {
+		kiln_blob_group g;
+		memcpy(&g, b + gs.offset + (size_t)k * sizeof g, sizeof g);
+		kiln_blob_bucket t;
+		memcpy(&t,
+		       b + bs.offset + ((size_t)k * f.c.n_buckets + f.c.n_buckets - 1) * sizeof t,
+		       sizeof t);
+		past += g.plan != KILN_BLOB_NONE && g.fit_rows > t.max_rows;
+	}
+	cr_assert_gt(past, 0, "no record past its last bucket: the test shows nothing");
+	fix_crc(b, f.len);
+	kiln_rt *rt = (kiln_rt *)1;
+	cr_assert_eq(kiln_rt_open(b, f.len, &rt), KILN_RT_ECORRUPT);
+	cr_assert_null(rt);
+	for (int32_t k = 0; k < f.c.n_sets; k++) {
+		kiln_blob_group g;
+		memcpy(&g, b + gs.offset + (size_t)k * sizeof g, sizeof g);
+		kiln_blob_bucket t;
+		memcpy(&t,
+		       b + bs.offset + ((size_t)k * f.c.n_buckets + f.c.n_buckets - 1) * sizeof t,
+		       sizeof t);
+		if (g.plan != KILN_BLOB_NONE && g.fit_rows > t.max_rows) {
+			g.fit_rows = t.max_rows;
+			memcpy(b + gs.offset + (size_t)k * sizeof g, &g, sizeof g);
+		}
+	}
+	fix_crc(b, f.len);
+	cr_assert_eq(kiln_rt_open(b, f.len, &rt), 0);
+	kiln_rt_info_get(rt, &info);
+	cr_assert_eq(info.minor, 1);
+	kiln_rt_close(rt);
+	free(b);
+	teardown(&f);
+}
+
 /* kiln_rt_group_get and `kilnc inspect` show each layer's GROUPS record as
  * the blob holds it: the expected values are the raw records, read from the
  * section table by hand; a 1.0 blob's layers and a dense layer have none. */

@@ -13,7 +13,7 @@
 
 #define KILN_BLOB_MAGIC "KILNPLAN" /* 8 bytes, no NUL */
 #define KILN_BLOB_MAJOR 1
-#define KILN_BLOB_MINOR 1
+#define KILN_BLOB_MINOR 2
 #define KILN_BLOB_ALIGN 64
 /* The loader's sanity bound; larger files are refused before any parsing. */
 #define KILN_BLOB_MAX_BYTES (1u << 30)
@@ -43,7 +43,8 @@ typedef struct kiln_blob_header {
 	uint16_t minor;       /* ... and a minor newer than its own */
 	uint32_t header_bytes; /* sizeof(kiln_blob_header) */
 	uint64_t file_bytes;   /* the whole blob */
-	uint32_t n_sections;   /* entries in the section table: 15 in 1.0, KILN_SEC_COUNT in 1.1 */
+	uint32_t
+	    n_sections; /* entries in the section table: 15 in 1.0, KILN_SEC_COUNT in 1.1 and 1.2 */
 	uint32_t crc32c;       /* CRC32C (Castagnoli) of bytes [0, 28) and [32, file_bytes) */
 	uint64_t table_offset; /* section table, = 64 */
 	uint8_t reserved[24];  /* zero */
