@@ -72,7 +72,7 @@ static void dp_work_free(dp_work *w)
  * states that are not dominated stay exact, and tracing back from one only
  * visits such states. */
 static void dp_step(const kiln_plan_group *gr, const dp_group *prev, dp_group *dg, uint32_t kd,
-                    double rate, dp_work *w)
+                    double rate, bool exact, dp_work *w)
 {
 	const size_t width = (size_t)kd + 1;
 	/* Rows are filled with INFINITY lazily, only as far as a write reaches:
@@ -87,7 +87,8 @@ static void dp_step(const kiln_plan_group *gr, const dp_group *prev, dp_group *d
 		double run = INFINITY;
 		for (uint32_t u = 0; u < w->cur_cols[s]; u++)
 			if (src[u] < run) {
-				run = src[u];
+				if (!exact)
+					run = src[u];
 				live[n_live++] = (uint16_t)u;
 			}
 		if (n_live == 0)
@@ -265,7 +266,7 @@ static int dp_fill(const kiln_plan_instance *in, dp_work *w, dp_group *start, ui
 	const dp_group *prev = start;
 	const size_t width = (size_t)kd + 1;
 	for (int32_t g = 0; g < in->n_groups; g++) {
-		dp_step(&in->groups[g], prev, &w->groups[g], kd, rate, w);
+		dp_step(&in->groups[g], prev, &w->groups[g], kd, rate, out_vals != NULL, w);
 		double *t = w->cur;
 		w->cur = w->nxt;
 		w->nxt = t;
@@ -274,19 +275,13 @@ static int dp_fill(const kiln_plan_instance *in, dp_work *w, dp_group *start, ui
 		w->nxt_cols = tc;
 		prev = &w->groups[g];
 		if (vals) {
-			/* Row-wise prefix minima over u: a lower bound of the cheapest
-			 * prefix reaching each state (kbest_search). */
+			/* Each state's least prefix cost: exact, as no source was
+			 * skipped (the bound of kb_search_target). */
 			const dp_group *dg = &w->groups[g];
-			for (uint32_t s = 0; s <= dg->smax; s++) {
-				double run = INFINITY;
-				for (uint32_t u = 0; u < dg->ucols; u++) {
-					double v =
+			for (uint32_t s = 0; s <= dg->smax; s++)
+				for (uint32_t u = 0; u < dg->ucols; u++)
+					vals[(size_t)s * dg->ucols + u] =
 					    u < w->cur_cols[s] ? w->cur[s * width + u] : INFINITY;
-					if (v < run)
-						run = v;
-					vals[(size_t)s * dg->ucols + u] = run;
-				}
-			}
 			vals += (size_t)(dg->smax + 1) * dg->ucols;
 		}
 	}
@@ -481,15 +476,15 @@ int kiln_cost_solve_brute(const kiln_plan_instance *in, uint32_t min_saved_q, ki
  * A best-first search backwards over the DP's layered states: a node is a
  * suffix of choices (groups g..G-1) ending in a final state, standing at
  * the state (s, u) after groups 0..g-1; its key is the suffix's cost plus
- * H_g(s, u), the least stored value of states (s, u' <= u). H never
- * exceeds the cheapest prefix reaching (s, u): the prefix through the
- * live states that dp_step keeps ends at some (s, u'' <= u) no dearer
- * (paid copy is nondecreasing in u). So every node's key is a lower bound
- * of the plans completing it, and complete plans (g = 0 at (0, 0), where
- * the key is the plan's own cost) leave the queue cheapest first. Each plan
- * is one path (the state sequence follows from its choices), so plans come
- * out distinct. A row node (u = KB_ROW) stands for every final state of
- * one saving row and opens them when it leaves the queue. */
+ * V_g(s, u), the least cost of any prefix reaching (s, u), from a DP run
+ * that skips no source (dp_step's exact mode). So a node's key is the
+ * cost of the cheapest plan completing it, and complete plans (g = 0 at
+ * (0, 0), where the key is the plan's own cost) leave the queue cheapest
+ * first. Each plan is one path (its state sequence follows from its
+ * choices), so plans come out distinct. A row node (u = KB_ROW) stands for
+ * every final state of one saving row and opens them when it leaves the
+ * queue. The canonical plans come from the usual (skipping) run, whose
+ * traces the frontier's. */
 
 #define KB_ROW UINT32_MAX
 /* Nodes one target's search may create; past it the plans found so far
@@ -572,8 +567,8 @@ static int32_t kb_pop(kb_search *k)
 	return top;
 }
 
-/* H_g(s, u): vals_g holds groups[g-1]'s table (g >= 1); layer 0 is the
- * start (0, 0). */
+/* V_g(s, u): vals[g - 1] holds groups[g - 1]'s states (g >= 1); layer 0
+ * is the start (0, 0). */
 static double kb_bound(double *const *vals, const dp_work *w, int32_t g, uint32_t s, uint32_t u)
 {
 	if (g == 0)
@@ -588,8 +583,9 @@ static double kb_bound(double *const *vals, const dp_work *w, int32_t g, uint32_
  * skip (a choice vector), cheapest first, into out (their choices from a);
  * *out_n how many. Returns 0 or -1. */
 static int kb_search_target(const kiln_plan_instance *in, const dp_work *w, double *const *vals,
-                            uint32_t kd, double rate, uint32_t target, const int32_t *skip,
-                            int32_t k, kiln_arena *a, kiln_plan_point *out, int32_t *out_n)
+                            const double *row_min, uint32_t kd, double rate, uint32_t target,
+                            const int32_t *skip, int32_t k, kiln_arena *a, kiln_plan_point *out,
+                            int32_t *out_n)
 {
 	const int32_t G = in->n_groups;
 	kb_search ks = {0};
@@ -599,7 +595,7 @@ static int kb_search_target(const kiln_plan_instance *in, const dp_work *w, doub
 		return 0; /* keep-everything is the only plan */
 	const uint32_t smax = w->groups[G - 1].smax;
 	for (uint32_t s = target; s <= smax && rc == 0; s++) {
-		double h = kb_bound(vals, w, G, s, w->groups[G - 1].ucols - 1);
+		double h = row_min[s];
 		if (h < INFINITY)
 			rc = kb_push(&ks, &(kb_node){h, 0.0, s, KB_ROW, G, -1, -1});
 	}
@@ -679,19 +675,11 @@ int kiln_cost_kbest(const kiln_plan_instance *in, const uint32_t *targets, int32
 	dp_group start;
 	const dp_group *last;
 	uint32_t kd;
-	double rate, *all = NULL;
+	double rate, *all = NULL, *row_min = NULL;
 	double **vals = NULL;
 	int rc = -1;
-	if (dp_fill(in, &w, &start, &kd, &last, &all, &rate) != 0)
+	if (dp_fill(in, &w, &start, &kd, &last, NULL, NULL) != 0)
 		goto done;
-	vals = malloc((size_t)(in->n_groups > 0 ? in->n_groups : 1) * sizeof *vals);
-	if (!vals)
-		goto done;
-	size_t off = 0;
-	for (int32_t g = 0; g < in->n_groups; g++) {
-		vals[g] = all + off;
-		off += (size_t)(w.groups[g].smax + 1) * w.groups[g].ucols;
-	}
 	uint32_t n_pick = dp_levels(&w, kd, last);
 	const size_t width = (size_t)kd + 1;
 	for (int32_t i = 0; i < n_targets; i++) {
@@ -716,14 +704,43 @@ int kiln_cost_kbest(const kiln_plan_instance *in, const uint32_t *targets, int32
 		}
 		if (dp_emit(in, w.path, a, &o[0]) != 0)
 			goto done;
-		int32_t n = 0;
-		if (k > 1 && kb_search_target(in, &w, vals, kd, rate, targets[i], o[0].choice, k, a,
-		                              o + 1, &n) != 0)
+		out_n[i] = 1;
+	}
+	if (k > 1) {
+		dp_work_free(&w);
+		memset(&w, 0, sizeof(w));
+		if (dp_fill(in, &w, &start, &kd, &last, &all, &rate) != 0)
 			goto done;
-		out_n[i] = 1 + n;
+		vals = malloc((size_t)(in->n_groups > 0 ? in->n_groups : 1) * sizeof *vals);
+		if (!vals)
+			goto done;
+		size_t off = 0;
+		for (int32_t g = 0; g < in->n_groups; g++) {
+			vals[g] = all + off;
+			off += (size_t)(w.groups[g].smax + 1) * w.groups[g].ucols;
+		}
+		/* Each final row's cheapest state: the key of its row node. */
+		if (!(row_min = malloc(((size_t)last->smax + 1) * sizeof(double))))
+			goto done;
+		for (uint32_t s = 0; s <= last->smax; s++) {
+			row_min[s] = INFINITY;
+			for (uint32_t u = 0; in->n_groups > 0 && u < last->ucols; u++)
+				row_min[s] =
+				    fmin(row_min[s], kb_bound(vals, &w, in->n_groups, s, u));
+		}
+		for (int32_t i = 0; i < n_targets; i++) {
+			kiln_plan_point *o = &out[(size_t)i * (size_t)k];
+			int32_t n = 0;
+			if (out_n[i] == 1 &&
+			    kb_search_target(in, &w, vals, row_min, kd, rate, targets[i],
+			                     o[0].choice, k, a, o + 1, &n) != 0)
+				goto done;
+			out_n[i] += n;
+		}
 	}
 	rc = 0;
 done:
+	free(row_min);
 	free(vals);
 	free(all);
 	dp_work_free(&w);
