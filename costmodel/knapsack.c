@@ -70,7 +70,8 @@ static void dp_work_free(dp_work *w)
  * every continuation costs at least as much from u as from u' (paid copy is
  * nondecreasing in u), so it never leads anywhere cheaper. Values of the
  * states that are not dominated stay exact, and tracing back from one only
- * visits such states. */
+ * visits such states. With exact set nothing is skipped, so every value is
+ * exact (kiln_cost_kbest's bound). */
 static void dp_step(const kiln_plan_group *gr, const dp_group *prev, dp_group *dg, uint32_t kd,
                     double rate, bool exact, dp_work *w)
 {
@@ -215,10 +216,11 @@ static int dp_emit(const kiln_plan_instance *in, const int32_t *path, kiln_arena
  * frees it with dp_work_free). *out_kd is the copy capacity the states
  * track, *out_last the table of the last group (or the empty start when
  * there are no groups: *start), *out_rate (NULL: not wanted) the paid rate
- * the states use. With out_vals, *out_vals (malloc'd, the caller frees it
- * even on failure; NULL until allocated) holds every group's states, row
- * by row as its table, each the least value of its row's states at u or
- * below. Returns 0 or -1. */
+ * the states use. With out_vals, no source is skipped (dp_step's exact
+ * mode: every state's value is its least prefix cost, but the choice
+ * tables are not the canonical ones) and *out_vals (malloc'd, the caller
+ * frees it even on failure; NULL until allocated) holds every group's
+ * state values, row by row as its table. Returns 0 or -1. */
 static int dp_fill(const kiln_plan_instance *in, dp_work *w, dp_group *start, uint32_t *out_kd,
                    const dp_group **out_last, double **out_vals, double *out_rate)
 {

@@ -384,7 +384,9 @@ static int pick_cmp(const void *x, const void *y)
  * groups solved with different copy windows, fs[0] the one whose window t
  * keeps. For each saving the table reads from fs[0] (its table points),
  * every frontier offers the first of its own table points (the points a
- * table filled from it would hold) saving at least as much; among
+ * table filled from it would hold) saving at least as much, and so do the
+ * KILN_PLAN_KBEST cheapest plans under t->instance saving at least as
+ * much (kiln_cost_kbest; the first is fs[0]'s point); among
  * those saving no fewer exact bytes and holding no more transient or
  * offloaded bytes than fs[0]'s, the one whose template schedules shortest
  * wins (fs[0] on a tie, then the lower index). The winners, in ascending saving (one per
