@@ -359,6 +359,21 @@ int kiln_cost_frontier_dp(const kiln_plan_instance *in, kiln_arena *a, kiln_fron
 int kiln_cost_frontier_levels(const kiln_plan_instance *in, const uint32_t *levels,
                               int32_t n_levels, kiln_arena *a, kiln_frontier *out);
 
+/* The k cheapest distinct plans saving at least each target (quanta), by
+ * the instance's cost (docs/cost-model.md, "Solvers", k best): for target
+ * i, out[i * k + 0 .. out_n[i]) (out holds n_targets * k points). The
+ * first is the frontier's answer (kiln_cost_frontier_dp's first point
+ * saving at least the target, its canonical plan), then the others in
+ * ascending cost (ties: as a deterministic best-first search meets them),
+ * fewer when fewer plans save enough (out_n[i] = 0: none) or a target's
+ * search reaches its node limit (the plans found are still the cheapest).
+ * Depends only on the instance and the targets. 1 <= k <=
+ * KILN_PLAN_KBEST_MAX. Returns 0, or -1 on exhaustion (the state values
+ * of an instance past 2^25 are refused) or a malformed instance. */
+#define KILN_PLAN_KBEST_MAX 64
+int kiln_cost_kbest(const kiln_plan_instance *in, const uint32_t *targets, int32_t n_targets,
+                    int32_t k, kiln_arena *a, kiln_plan_point *out, int32_t *out_n);
+
 /* The cheapest plan saving at least min_saved_q, by enumerating every
  * combination of choices (for tests; refuses instances with more than
  * 2^22 combinations). Returns 0, 1 when nothing saves enough, -1 when too

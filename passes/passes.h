@@ -273,6 +273,10 @@ int32_t kiln_plan_bucket_of(const double *edges, int32_t n, double r);
  * the table keeps the cheapest point at each 1/64 step of the maximal
  * saving, plus keep-all and the maximal-saving point. */
 #define KILN_PLAN_TABLE_STEPS 64
+/* Plans per table point that the schedule chooses among: the k cheapest by
+ * the instance's cost saving at least the point's saving
+ * (kiln_cost_kbest; docs/cost-model.md, "Points chosen by the schedule"). */
+#define KILN_PLAN_KBEST 16
 
 /* The plan table of one (unit set, bucket): its instance at the bucket's
  * upper load, its exact frontier (shared by tables with identical

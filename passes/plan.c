@@ -384,7 +384,9 @@ static int pick_cmp(const void *x, const void *y)
  * groups solved with different copy windows, fs[0] the one whose window t
  * keeps. For each saving the table reads from fs[0] (its table points),
  * every frontier offers the first of its own table points (the points a
- * table filled from it would hold) saving at least as much; among
+ * table filled from it would hold) saving at least as much, and so do the
+ * KILN_PLAN_KBEST cheapest plans under t->instance saving at least as
+ * much (kiln_cost_kbest; the first is fs[0]'s point); among
  * those saving no fewer exact bytes and holding no more transient or
  * offloaded bytes than fs[0]'s, the one whose template schedules shortest
  * wins (fs[0] on a tie, then the lower index). The winners, in ascending saving (one per
@@ -417,23 +419,51 @@ static int choose_by_schedule(const kiln_compilation *c, kiln_plan_table *t,
 		own[i].frontier = fs[i];
 		rc = kiln_plan_table_fill(&own[i], KILN_PLAN_TABLE_STEPS, NULL, a);
 	}
+	/* The k cheapest plans (by t->instance's cost) saving at least each
+	 * table point's saving: where the solvers tie, the schedule decides.
+	 * Their first is fs[0]'s own point; an instance too large for the
+	 * search (kiln_cost_kbest refuses) offers none. */
+	const int32_t kb = KILN_PLAN_KBEST, nt = t->n_points > 1 ? t->n_points - 1 : 0;
+	uint32_t *targets = kiln_arena_alloc(a, sizeof(uint32_t) * (size_t)(nt ? nt : 1));
+	int32_t *kbn = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)(nt ? nt : 1));
+	kiln_plan_point *kbp =
+	    kiln_arena_alloc(a, sizeof(kiln_plan_point) * (size_t)(nt ? nt : 1) * (size_t)kb);
+	if (!targets || !kbn || !kbp)
+		rc = -1;
+	for (int32_t k = 1; k < t->n_points && rc == 0; k++)
+		targets[k - 1] = fs[0]->points[t->point[k]].saved_q;
+	if (rc == 0 && (kb < 2 || kiln_cost_kbest(&t->instance, targets, nt, kb, a, kbp, kbn) != 0))
+		for (int32_t i = 0; i < nt; i++)
+			kbn[i] = 0;
 	int32_t n = 0;
 	for (int32_t k = 1; k < t->n_points && rc == 0; k++) {
-		uint32_t want = fs[0]->points[t->point[k]].saved_q;
+		uint32_t want = targets[k - 1];
 		pick best = {NULL, INFINITY};
 		kiln_plan_bytes ref;
-		for (int32_t i = 0; i < nf; i++) {
-			const kiln_frontier *f = fs[i];
-			int32_t j = 0;
-			while (j < own[i].n_points - 1 && f->points[own[i].point[j]].saved_q < want)
-				j++;
-			int32_t p = own[i].point[j];
-			if (f->points[p].saved_q < want)
-				continue;
-			/* Only a point the budget cannot like less replaces fs[0]'s:
+		/* Candidates: each frontier's first own table point saving at
+		 * least want (i < nf), then the k-best plans after the first. */
+		for (int32_t i = 0; i < nf + kbn[k - 1]; i++) {
+			const kiln_plan_point *pt;
+			int32_t p = -1;
+			if (i < nf) {
+				const kiln_frontier *f = fs[i];
+				int32_t j = 0;
+				while (j < own[i].n_points - 1 &&
+				       f->points[own[i].point[j]].saved_q < want)
+					j++;
+				p = own[i].point[j];
+				pt = &f->points[p];
+				if (pt->saved_q < want)
+					continue;
+			} else if (i == nf) {
+				continue; /* fs[0]'s point again */
+			} else {
+				pt = &kbp[(size_t)(k - 1) * (size_t)kb + (size_t)(i - nf)];
+			}
+			/* Only a plan the budget cannot like less replaces fs[0]'s:
 			 * no less saved, no more transient or offloaded bytes. */
 			kiln_plan_bytes by;
-			kiln_plan_actions(&t->instance, &f->points[p], actions);
+			kiln_plan_actions(&t->instance, pt, actions);
 			kiln_plan_bytes_at(t->set, actions, t->n, &by);
 			if (i == 0)
 				ref = by;
@@ -441,13 +471,14 @@ static int choose_by_schedule(const kiln_compilation *c, kiln_plan_table *t,
 			         by.offloaded > ref.offloaded)
 				continue;
 			double us = kiln_interleave_hbm_us(c, t, actions);
-			double mk = memo_makespan(c, t, f, p, memo[i], actions, sa);
+			double mk = p >= 0 ? memo_makespan(c, t, fs[i], p, memo[i], actions, sa)
+			                   : kiln_interleave_makespan(c, t, actions, sa);
 			if (mk < 0) {
 				rc = -1;
 				break;
 			}
 			if (mk + us < best.us)
-				best = (pick){&f->points[p], mk + us};
+				best = (pick){pt, mk + us};
 		}
 		if (rc == 0 && best.pt)
 			picks[n++] = best;
@@ -495,8 +526,9 @@ static int solve_measured(const kiln_compilation *c, kiln_plan_table *t, kiln_ar
 	    !(est_memo = makespan_memo(t->frontier, a)) ||
 	    measure_window(c, t, est_memo, &lo, &hi) != 0)
 		return -1;
-	if (lo >= est_q)
-		return 0;
+	if (lo >= est_q) /* one window: the schedule still picks among its k best */
+		return choose_by_schedule(c, t, (const kiln_frontier *const[]){t->frontier},
+		                          (double *const[]){est_memo}, 1, a);
 	/* Every frontier solved is a source of table points (fs, with their
 	 * makespans in ms); the kept window's comes first. */
 	const kiln_frontier *est_f = t->frontier, *fs[3] = {est_f, NULL, NULL};

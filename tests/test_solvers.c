@@ -578,6 +578,164 @@ Test(solvers, milp_at_targets_retraced_names_the_dp_plans)
 	cr_assert_gt(checked, 10);
 }
 
+/* The k cheapest plans saving at least a target (kiln_cost_kbest) against
+ * an exhaustive enumeration here: every plan's cost by the equations
+ * (t_eval), those saving enough sorted; the solver's k plans must be
+ * distinct, save enough, cost what the equations say, and their costs must
+ * be the k smallest of the enumeration (as multisets, in ascending order);
+ * the first is the DP frontier's own answer, choice for choice. */
+static int cmp_double(const void *x, const void *y)
+{
+	double a = *(const double *)x, b = *(const double *)y;
+	return a < b ? -1 : a > b;
+}
+
+Test(solvers, kbest_are_the_k_cheapest_by_enumeration)
+{
+	uint64_t rng = 0x6b62657374u; /* "kbest" */
+	tinst t;
+	int checked = 0, ties = 0;
+	static const int32_t ks[] = {1, 2, 5, 16};
+	for (int id = 0; id < 80; id++) {
+		t_random(&t, &rng);
+		if (t.combos > (1u << 14))
+			continue;
+		kiln_arena *a = kiln_arena_new();
+		kiln_frontier fd;
+		cr_assert_eq(kiln_cost_frontier_dp(&t.in, a, &fd), 0);
+		double *cost = malloc(sizeof(double) * (size_t)t.combos);
+		uint32_t *sv = malloc(sizeof(uint32_t) * (size_t)t.combos);
+		cr_assert(cost && sv);
+		int32_t cur[T_MAX_GROUPS] = {0};
+		for (uint64_t c = 0; c < t.combos; c++) {
+			uint32_t o;
+			t_eval(&t.in, cur, &sv[c], &o, &cost[c]);
+			for (int32_t g = t.in.n_groups - 1; g >= 0; g--) {
+				if (++cur[g] < t.groups[g].n_choices)
+					break;
+				cur[g] = 0;
+			}
+		}
+		uint32_t targets[4] = {0, rng_below(&rng, t.s_cap + 1), t.s_cap, t.s_cap + 1};
+		if (targets[1] > targets[2])
+			targets[1] = targets[2];
+		double *want = malloc(sizeof(double) * (size_t)t.combos);
+		cr_assert_not_null(want);
+		for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+			int32_t k = ks[ki];
+			kiln_plan_point out[4 * 16];
+			int32_t n[4];
+			cr_assert_eq(kiln_cost_kbest(&t.in, targets, 4, k, a, out, n), 0, "%d", id);
+			for (int32_t i = 0; i < 4; i++) {
+				size_t m = 0;
+				for (uint64_t c = 0; c < t.combos; c++)
+					if (sv[c] >= targets[i])
+						want[m++] = cost[c];
+				qsort(want, m, sizeof(double), cmp_double);
+				int32_t expect = (size_t)k < m ? k : (int32_t)m;
+				cr_assert_eq(n[i], expect,
+				             "%d k %d target %u: %d plans, %d expected", id, k,
+				             targets[i], n[i], expect);
+				if (n[i] == 0)
+					continue;
+				const kiln_plan_point *fp = lookup(&fd, targets[i]);
+				cr_assert_not_null(fp);
+				cr_assert_eq(memcmp(out[i * k].choice, fp->choice,
+				                    sizeof(int32_t) * (size_t)t.in.n_groups),
+				             0, "%d k %d target %u: first is not the frontier's",
+				             id, k, targets[i]);
+				double got[16];
+				for (int32_t j = 0; j < n[i]; j++) {
+					const kiln_plan_point *p = &out[i * k + j];
+					uint32_t s, o;
+					double e;
+					t_eval(&t.in, p->choice, &s, &o, &e);
+					cr_assert(s == p->saved_q && s >= targets[i] &&
+					              close_us(e, p->exposed_us),
+					          "%d k %d target %u plan %d: totals", id, k,
+					          targets[i], j);
+					got[j] = e;
+					if (j > 0)
+						cr_assert(e >= got[j - 1] - 1e-9,
+						          "%d: not ascending", id);
+					for (int32_t x = 0; x < j; x++)
+						cr_assert_neq(
+						    memcmp(p->choice, out[i * k + x].choice,
+						           sizeof(int32_t) * (size_t)t.in.n_groups),
+						    0, "%d k %d target %u: plans %d and %d equal",
+						    id, k, targets[i], x, j);
+				}
+				for (int32_t j = 0; j < n[i]; j++)
+					cr_assert(close_us(got[j], want[j]),
+					          "%d k %d target %u: plan %d costs %g, the %d-th "
+					          "cheapest %g",
+					          id, k, targets[i], j, got[j], j, want[j]);
+				if (n[i] > 1 && close_us(got[1], got[0]))
+					ties++;
+			}
+		}
+		/* Deterministic: the same call names the same plans. */
+		kiln_plan_point o1[16], o2[16];
+		int32_t n1, n2;
+		cr_assert_eq(kiln_cost_kbest(&t.in, &targets[1], 1, 16, a, o1, &n1), 0);
+		cr_assert_eq(kiln_cost_kbest(&t.in, &targets[1], 1, 16, a, o2, &n2), 0);
+		cr_assert_eq(n1, n2);
+		for (int32_t j = 0; j < n1; j++)
+			cr_assert_eq(memcmp(o1[j].choice, o2[j].choice,
+			                    sizeof(int32_t) * (size_t)t.in.n_groups),
+			             0);
+		free(want);
+		free(cost);
+		free(sv);
+		kiln_arena_free(a);
+		checked++;
+	}
+	cr_assert_gt(checked, 30);
+	cr_assert_gt(ties, 0, "no co-optimal plans met: the instances test too little");
+}
+
+Test(solvers, kbest_refuses_bad_arguments)
+{
+	tinst t;
+	hand_instance(&t);
+	kiln_arena *a = kiln_arena_new();
+	kiln_plan_point out[KILN_PLAN_KBEST_MAX + 1];
+	int32_t n;
+	uint32_t target = 3;
+	cr_assert_eq(kiln_cost_kbest(&t.in, &target, 1, 0, a, out, &n), -1);
+	cr_assert_eq(kiln_cost_kbest(&t.in, &target, 1, KILN_PLAN_KBEST_MAX + 1, a, out, &n), -1);
+	cr_assert_eq(kiln_cost_kbest(&t.in, NULL, 1, 2, a, out, &n), -1);
+	t.groups[0].n_choices = 0; /* malformed */
+	cr_assert_eq(kiln_cost_kbest(&t.in, &target, 1, 2, a, out, &n), -1);
+	kiln_arena_free(a);
+}
+
+/* The hand-worked instance (hand_instance), plans saving at least 6
+ * quanta by hand, cost R + 10 * max(0, O - 2):
+ *   (R,O,k) 6: 5    (R,R,k) 6: 6    (k,O,RR) 7: 7    (k,R,RR) 7: 8
+ *   (R,O,RK) 9: 11  (R,R,RK) 9: 12  (R,O,RR) 11: 12  (R,k,OK) 7: 15 ...
+ *   (O,R,k) 6: 1 + 20 = 21, every plan offloading group 0 pays >= 20.
+ * So the two cheapest are (R,O,k) at 5 us, the frontier's, then (R,R,k) at
+ * 6 us, and the third is (k,O,RR) at 7 us. */
+Test(solvers, kbest_hand_worked)
+{
+	tinst t;
+	hand_instance(&t);
+	kiln_arena *a = kiln_arena_new();
+	kiln_plan_point out[3];
+	int32_t n;
+	uint32_t target = 6;
+	cr_assert_eq(kiln_cost_kbest(&t.in, &target, 1, 3, a, out, &n), 0);
+	cr_assert_eq(n, 3);
+	static const int32_t want[3][3] = {{1, 2, 0}, {1, 1, 0}, {0, 2, 2}};
+	static const double us[3] = {5.0, 6.0, 7.0};
+	for (int32_t j = 0; j < 3; j++) {
+		cr_assert_eq(memcmp(out[j].choice, want[j], sizeof want[j]), 0, "plan %d", j);
+		cr_assert_eq(out[j].exposed_us, us[j], "plan %d: %g", j, out[j].exposed_us);
+	}
+	kiln_arena_free(a);
+}
+
 /* ---------------------------------------------------------------- edges */
 
 Test(solvers, empty_instance_is_keep_all)
