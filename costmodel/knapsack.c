@@ -518,26 +518,32 @@ static bool kb_before(const kb_search *k, int32_t x, int32_t y)
 	return x < y;
 }
 
+/* p (*cap elements of size elem, n used) with room for one more: itself,
+ * or reallocated at twice the size when full (*cap updated); NULL when
+ * that fails, p then unchanged and still owned by the caller. */
+static void *kb_room(void *p, size_t *cap, size_t n, size_t elem)
+{
+	if (n < *cap)
+		return p;
+	size_t c = *cap ? 2 * *cap : 1024;
+	void *q = realloc(p, c * elem);
+	if (q)
+		*cap = c;
+	return q;
+}
+
 static int kb_push(kb_search *k, const kb_node *nd)
 {
 	if (k->n >= KB_MAX_NODES)
 		return 1;
-	if (k->n == k->cap) {
-		size_t cap = k->cap ? 2 * k->cap : 1024;
-		kb_node *nn = realloc(k->nodes, cap * sizeof *nn);
-		if (!nn)
-			return -1;
-		k->nodes = nn;
-		k->cap = cap;
-	}
-	if (k->hn == k->hcap) {
-		size_t cap = k->hcap ? 2 * k->hcap : 1024;
-		int32_t *nh = realloc(k->heap, cap * sizeof *nh);
-		if (!nh)
-			return -1;
-		k->heap = nh;
-		k->hcap = cap;
-	}
+	kb_node *nn = kb_room(k->nodes, &k->cap, k->n, sizeof *nn);
+	if (!nn)
+		return -1;
+	k->nodes = nn;
+	int32_t *nh = kb_room(k->heap, &k->hcap, k->hn, sizeof *nh);
+	if (!nh)
+		return -1;
+	k->heap = nh;
 	int32_t id = (int32_t)k->n;
 	k->nodes[k->n++] = *nd;
 	size_t i = k->hn++;

@@ -113,6 +113,30 @@ static int read_log(const char *path, step_log *out, int cap)
 	return n;
 }
 
+/* One line of the trainer's --unit-log (docs/trainer.md). */
+typedef struct unit_line {
+	int step, mb, layer, unit, action;
+	long rows;
+	unsigned long long bytes;
+	char name[64];
+} unit_line;
+
+/* Rank rank's unit log under prefix, opened (path gets its name). */
+static FILE *open_unit_log(const char *prefix, int rank, char *path, size_t cap)
+{
+	snprintf(path, cap, "%s.%d", prefix, rank);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f, "%s", path);
+	return f;
+}
+
+/* The next line of a unit log into u; 0 at the end. */
+static int next_unit(FILE *f, unit_line *u)
+{
+	return fscanf(f, "%d %d %d %d %63s %ld %llu %d", &u->step, &u->mb, &u->layer, &u->unit,
+	              u->name, &u->rows, &u->bytes, &u->action) == 8;
+}
+
 /* Keeping everything in a large arena and following kiln's plans in the
  * stage's real budget give the same losses and the same gradients, bit for
  * bit, over 20 steps with spikes: recomputing re-runs the same forward op on
@@ -265,22 +289,17 @@ Test(trainer, spike_at_twice_max_factor_survives_by_the_group_fallback, .timeout
 	memset(ein, 0, sizeof ein);
 	for (int rank = 0; rank < 4; rank++) {
 		char path[4200];
-		snprintf(path, sizeof path, "%s.%d", prefix, rank);
-		FILE *u = fopen(path, "r");
-		cr_assert_not_null(u, "%s", path);
-		int step, mb, layer, unit, action;
-		long n;
-		unsigned long long bytes;
-		char name[64];
-		while (fscanf(u, "%d %d %d %d %63s %ld %llu %d", &step, &mb, &layer, &unit, name,
-		              &n, &bytes, &action) == 8)
-			if (!strcmp(name, "moe.expert_in")) {
-				cr_assert(step >= 1 && step <= 5 && mb >= 0 && mb < 8 &&
-				          layer >= 0 && layer < 4);
-				ein[step][mb][layer][rank % 2] = action == KILN_RT_RECOMPUTE;
+		FILE *log = open_unit_log(prefix, rank, path, sizeof path);
+		unit_line u;
+		while (next_unit(log, &u))
+			if (!strcmp(u.name, "moe.expert_in")) {
+				cr_assert(u.step >= 1 && u.step <= 5 && u.mb >= 0 && u.mb < 8 &&
+				          u.layer >= 0 && u.layer < 4);
+				ein[u.step][u.mb][u.layer][rank % 2] =
+				    u.action == KILN_RT_RECOMPUTE;
 			}
-		cr_assert(feof(u), "%s: unreadable line", path);
-		fclose(u);
+		cr_assert(feof(log), "%s: unreadable line", path);
+		fclose(log);
 		unlink(path);
 	}
 	for (int step = 1; step <= 5; step++)
@@ -359,31 +378,27 @@ Test(trainer, arena_bytes_equal_the_runtime_prediction, .timeout = 1800)
 	long lines = 0, max_rows = 0, min_rows = 1 << 30;
 	for (int rank = 0; rank < 4; rank++) {
 		char path[4200];
-		snprintf(path, sizeof path, "%s.%d", prefix, rank);
-		FILE *f = fopen(path, "r");
-		cr_assert_not_null(f, "%s", path);
-		int step, mb, layer, unit, action;
-		long n;
-		unsigned long long bytes;
-		char name[64];
-		while (fscanf(f, "%d %d %d %d %63s %ld %llu %d", &step, &mb, &layer, &unit, name,
-		              &n, &bytes, &action) == 8) {
+		FILE *f = open_unit_log(prefix, rank, path, sizeof path);
+		unit_line u;
+		while (next_unit(f, &u)) {
 			lines++;
-			cr_assert(step >= 1 && step <= 4 && mb >= 0 && mb < 8 && unit >= 0 &&
-			          unit < 15);
-			cr_assert_eq(layer / 2, rank / 2, "rank %d logged layer %d", rank, layer);
-			uint64_t hand = hand_base[unit] + hand_per_row[unit] * (uint64_t)n;
-			cr_expect_eq(bytes, hand, "%s at %ld rows: arena %llu, hand %llu", name, n,
-			             bytes, (unsigned long long)hand);
-			cr_expect_eq(bytes, kiln_rt_unit_bytes(rt, layer, unit, (uint64_t)n),
-			             "%s at %ld rows", name, n);
-			cr_expect(action >= KILN_RT_KEEP && action <= KILN_RT_OFFLOAD);
-			int64_t *slot = &rows[step][mb][layer][rank % 2];
-			cr_expect(*slot < 0 || *slot == n,
+			cr_assert(u.step >= 1 && u.step <= 4 && u.mb >= 0 && u.mb < 8 &&
+			          u.unit >= 0 && u.unit < 15);
+			cr_assert_eq(u.layer / 2, rank / 2, "rank %d logged layer %d", rank,
+			             u.layer);
+			uint64_t hand = hand_base[u.unit] + hand_per_row[u.unit] * (uint64_t)u.rows;
+			cr_expect_eq(u.bytes, hand, "%s at %ld rows: arena %llu, hand %llu", u.name,
+			             u.rows, u.bytes, (unsigned long long)hand);
+			cr_expect_eq(u.bytes,
+			             kiln_rt_unit_bytes(rt, u.layer, u.unit, (uint64_t)u.rows),
+			             "%s at %ld rows", u.name, u.rows);
+			cr_expect(u.action >= KILN_RT_KEEP && u.action <= KILN_RT_OFFLOAD);
+			int64_t *slot = &rows[u.step][u.mb][u.layer][rank % 2];
+			cr_expect(*slot < 0 || *slot == u.rows,
 			          "rows differ between units of one layer");
-			*slot = n;
-			max_rows = n > max_rows ? n : max_rows;
-			min_rows = n < min_rows ? n : min_rows;
+			*slot = u.rows;
+			max_rows = u.rows > max_rows ? u.rows : max_rows;
+			min_rows = u.rows < min_rows ? u.rows : min_rows;
 		}
 		cr_assert(feof(f), "%s: unreadable line", path);
 		fclose(f);

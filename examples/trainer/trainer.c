@@ -579,6 +579,20 @@ static void ws_put(workspace *w)
 /* Computes unit u of micro-batch mb at layer li from its sources, which are
  * held: the forward and a recompute run this same code on the same bytes,
  * so a recomputed unit equals the original bit for bit. */
+/* The routing of micro-batch mb's layer again, from its saved
+ * probabilities, for a backward or a recompute (where says which): it must
+ * send the rows the forward sent. */
+static void replay_routing(const trainer *tr, uint32_t mb, int32_t layer, layer_run *r,
+                           int32_t *expert, int32_t *pos, const char *where)
+{
+	int32_t send_cnt[TR_EP * TR_LE];
+	plan_dispatch(tr, mb, layer, U(r, TR_U_PROBS), expert, pos, send_cnt);
+	if (memcmp(send_cnt, r->send_cnt, sizeof send_cnt))
+		fail(EXIT_INPUT,
+		     "internal error: layer %d of micro-batch %u routes differently in its %s",
+		     layer, mb, where);
+}
+
 /* The dispatch all-to-all: the rows of moe.in in send order (pos, from
  * plan_dispatch) to their experts' ranks. recvbuf gets this rank's rows in
  * received (source-major) order; sc and rc the floats sent to and received
@@ -700,13 +714,8 @@ static void produce(trainer *tr, uint32_t mb, int li, int u, int recompute)
 		 * the group's fallback (the same plan on every rank, a function
 		 * of the group's counts; docs/runtime.md) or --policy mixed (a
 		 * function of the step, micro-batch, layer and unit only). */
-		int32_t expert[TR_T * TR_TOPK], pos[TR_T * TR_TOPK], send_cnt[TR_EP * TR_LE];
-		plan_dispatch(tr, mb, layer, U(r, TR_U_PROBS), expert, pos, send_cnt);
-		if (memcmp(send_cnt, r->send_cnt, sizeof send_cnt))
-			fail(EXIT_INPUT,
-			     "internal error: layer %d of micro-batch %u routes differently in its "
-			     "recompute",
-			     layer, mb);
+		int32_t expert[TR_T * TR_TOPK], pos[TR_T * TR_TOPK];
+		replay_routing(tr, mb, layer, r, expert, pos, "recompute");
 		float *sendbuf = xcalloc((size_t)TR_T * TR_TOPK * TR_H, sizeof(float));
 		float *recvbuf = xcalloc((size_t)r->n_rows * TR_H + 1, sizeof(float));
 		int32_t sc[TR_EP], rc[TR_EP];
@@ -978,13 +987,8 @@ static void layer_backward(trainer *tr, uint32_t mb, int li, const float *dy, fl
 	const int W = TR_H + 1; /* a row and one float beside it */
 
 	/* Token side: each (token, choice) row carries dy and its gate weight. */
-	int32_t expert[TR_T * TR_TOPK], pos[TR_T * TR_TOPK], send_cnt[TR_EP * TR_LE];
-	plan_dispatch(tr, mb, layer, U(r, TR_U_PROBS), expert, pos, send_cnt);
-	if (memcmp(send_cnt, r->send_cnt, sizeof send_cnt))
-		fail(EXIT_INPUT,
-		     "internal error: layer %d of micro-batch %u routes differently in its "
-		     "backward",
-		     layer, mb);
+	int32_t expert[TR_T * TR_TOPK], pos[TR_T * TR_TOPK];
+	replay_routing(tr, mb, layer, r, expert, pos, "backward");
 	const float *probs = U(r, TR_U_PROBS);
 	float *sendbuf = xcalloc((size_t)TR_T * TR_TOPK * W, sizeof(float));
 	float *recvbuf = xcalloc(N * W + 1, sizeof(float));
