@@ -476,19 +476,22 @@ static void build_lut(const void *base, size_t stride, size_t off, int wide, uin
 	}
 }
 
-/* The fair scale (docs/runtime.md, step 5): the compiler fits its steady
- * plan beside that plan's own backward transient, select reserves the
- * stage's largest; where capacity - static cannot hold ceil(inflight)
- * micro-batches at the steady bytes beside it, the shares and the room for
- * pending micro-batches shrink by room / want, so that the window splits
- * what there is instead of leaving one micro-batch in every window the
- * rest. */
+/* The fair scale (docs/runtime.md, step 5): room / want, the room
+ * (capacity - static - the stage's largest transient) over ceil(inflight)
+ * micro-batches at the steady bytes. A micro-batch's share is that
+ * fraction of its steady bytes, an n-th of the room: above 1 where memory
+ * is not short at the design load, so that a load above it keeps
+ * everything while its n-th holds it; below 1 where the compiler's steady
+ * plan (fitted beside its own transient) does not fit beside the largest,
+ * so that the window splits what there is instead of leaving one
+ * micro-batch in every window the rest. select never lets the room kept
+ * for pending micro-batches grow past their steady bytes. */
 static double fair_scale(const kiln_blob_stage *st)
 {
 	double room =
 	    (double)st->capacity_bytes - (double)st->static_bytes - (double)st->transient_bytes;
 	double want = (double)kiln_rti_inflight(st) * (double)st->steady_bytes;
-	if (want <= room)
+	if (want <= 0)
 		return 1;
 	return room > 0 ? room / want : 0;
 }

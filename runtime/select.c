@@ -145,8 +145,9 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 		held_self = atomic_load(&rt->acct->mb_device[s]);
 	}
 	/* Three tries, each a lookup (docs/runtime.md, "Reserve and avail"):
-	 * 0. fair: the micro-batch keeps to its share, the steady plan's bytes
-	 *    through this layer (head_steady_bytes) less what it holds, so that
+	 * 0. fair: the micro-batch keeps to its share, an n-th of the room
+	 *    spread over the layers as the steady plan's bytes through this
+	 *    layer (head_steady_bytes), less what it holds, so that
 	 *    1F1B's steady state does not alternate between micro-batches that
 	 *    grab free memory and micro-batches left short; pending ones are
 	 *    kept room for their steady plan (both scaled, below);
@@ -154,9 +155,12 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	 * 2. pending micro-batches kept only their floor, all they need to be
 	 *    safe. */
 	uint64_t base = sat_add(L->tail_floor_bytes, st->transient_bytes);
-	/* The fair scale (open.c, fair_scale): below 1 where the stage cannot
-	 * hold its window at the steady plan beside the largest transient. */
-	double scale = rt->fair_scale[q->stage];
+	/* The fair scale (open.c, fair_scale): the share is an n-th of the
+	 * room; the room kept for pending micro-batches shrinks with it where
+	 * the stage cannot hold its window at the steady plan beside the
+	 * largest transient, and never grows. */
+	double share_scale = rt->fair_scale[q->stage];
+	double scale = share_scale < 1 ? share_scale : 1;
 	/* Below 1 the product is below 2^64 (no cast out of range). */
 	uint64_t steady =
 	    scale >= 1 ? st->steady_bytes : (uint64_t)((double)st->steady_bytes * scale);
@@ -175,7 +179,7 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	                  ? (double)L->steady_bytes * ((double)t->keep_bytes / (double)L->steady_keep_bytes)
 	                  : (double)L->steady_bytes;
 	double fair =
-	    scale * ((double)(L->head_steady_bytes - L->steady_bytes) + part) - (double)held_self;
+	    share_scale * ((double)(L->head_steady_bytes - L->steady_bytes) + part) - (double)held_self;
 	uint64_t share = fair > 0 ? (fair < 1.8e19 ? (uint64_t)fair : UINT64_MAX) : 0;
 	for (int pass = 0; pass < 3; pass++) {
 		if (pass == 2 && !pending)

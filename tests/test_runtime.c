@@ -563,13 +563,15 @@ static brute brute_select(const kiln_rt *rt, const kiln_query *q, uint64_t rows)
 	}
 	kiln_rt_table_info ti;
 	kiln_rt_table_get(rt, q->layer, r.bucket, &ti);
-	/* The fair scale: the in-flight micro-batches (ceil) at the steady
-	 * bytes, against capacity less static less transient; above it, every
-	 * steady figure shrinks by room / want. */
+	/* The fair scale: the room (capacity less static less transient)
+	 * over the in-flight micro-batches (ceil) at the steady bytes. The
+	 * share is that fraction of the room, above 1 or below; the room kept
+	 * for pending micro-batches shrinks with it but never grows. */
 	double want = ceil(si.inflight < 1 ? 1 : si.inflight) * (double)si.steady_bytes;
 	double room =
 	    (double)si.capacity_bytes - (double)si.static_bytes - (double)si.transient_bytes;
-	double scale = want <= room ? 1 : room > 0 ? room / want : 0;
+	double share_scale = want <= 0 ? 1 : room > 0 ? room / want : 0;
+	double scale = share_scale < 1 ? share_scale : 1;
 	double steady = floor((double)si.steady_bytes * scale);
 	double roomy = steady > (double)si.floor_bytes ? steady : (double)si.floor_bytes;
 	double per_pending[3] = {roomy, roomy, (double)si.floor_bytes};
@@ -578,9 +580,9 @@ static brute brute_select(const kiln_rt *rt, const kiln_query *q, uint64_t rows)
 	double part = li.steady_keep_bytes ? (double)li.steady_bytes *
 	                                         ((double)ti.keep_bytes / (double)li.steady_keep_bytes)
 	                                   : (double)li.steady_bytes;
-	double fair = scale * ((double)(li.head_steady_bytes - li.steady_bytes) + part) -
+	double fair = share_scale * ((double)(li.head_steady_bytes - li.steady_bytes) + part) -
 	              (double)q->held_bytes;
-	long double share = fair > 0 ? (long double)(uint64_t)fair : 0;
+	long double share = fair > 0 ? (long double)(fair < 1.8e19 ? (uint64_t)fair : UINT64_MAX) : 0;
 	for (int pass = 0; pass < 3 && r.plan < 0; pass++) {
 		long double reserve = (long double)li.tail_floor_bytes +
 		                      (long double)q->pending * per_pending[pass] + si.transient_bytes;

@@ -254,10 +254,11 @@ typedef struct kiln_plan {
  * minus a reserve for work still to come (this micro-batch's later layers
  * on the stage at their floor, the stage transient, and each pending
  * micro-batch at the stage's steady bytes), and on the first try also at
- * most the micro-batch's fair share (head_steady_bytes - held_bytes); the
- * steady bytes and the share shrink by one factor where the stage cannot
- * hold ceil(inflight) micro-batches at the steady bytes beside the
- * transient in capacity - static; when
+ * most the micro-batch's fair share, an n-th of the room spread over the
+ * layers as the steady plan's bytes (head_steady_bytes, scaled by the room
+ * over ceil(inflight) micro-batches at the steady bytes, beside the
+ * transient in capacity - static) less held_bytes; the room for pending
+ * micro-batches shrinks by that factor where it is below 1; when
  * no plan fits, the share is dropped, then the pending micro-batches are
  * reserved only their floor (docs/runtime.md). Of the points that fit,
  * the cheapest, except where the layer must save something or the share was
