@@ -150,7 +150,8 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	 *    layer (head_steady_bytes), less what it holds, so that
 	 *    1F1B's steady state does not alternate between micro-batches that
 	 *    grab free memory and micro-batches left short; pending ones are
-	 *    kept room for their steady plan (both scaled, below);
+	 *    kept room for their steady plan (the share scaled by the fair
+	 *    scale, the pending room by at most 1, below);
 	 * 1. the share dropped (a spike may use whatever is free);
 	 * 2. pending micro-batches kept only their floor, all they need to be
 	 *    safe. */
@@ -175,16 +176,18 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	int pass_used = 0;
 	/* The share through this layer, with this layer's part scaled from
 	 * load 1 to this bucket as the keep-everything bytes scale. */
-	double part = L->steady_keep_bytes
-	                  ? (double)L->steady_bytes * ((double)t->keep_bytes / (double)L->steady_keep_bytes)
-	                  : (double)L->steady_bytes;
-	double fair =
-	    share_scale * ((double)(L->head_steady_bytes - L->steady_bytes) + part) - (double)held_self;
+	double part =
+	    L->steady_keep_bytes
+	        ? (double)L->steady_bytes * ((double)t->keep_bytes / (double)L->steady_keep_bytes)
+	        : (double)L->steady_bytes;
+	double fair = share_scale * ((double)(L->head_steady_bytes - L->steady_bytes) + part) -
+	              (double)held_self;
 	uint64_t share = fair > 0 ? (fair < 1.8e19 ? (uint64_t)fair : UINT64_MAX) : 0;
 	for (int pass = 0; pass < 3; pass++) {
 		if (pass == 2 && !pending)
 			break;
-		uint64_t reserve = sat_add(base, sat_mul(pending, pass == 2 ? st->floor_bytes : roomy));
+		uint64_t reserve =
+		    sat_add(base, sat_mul(pending, pass == 2 ? st->floor_bytes : roomy));
 		avail = free_bytes > reserve ? free_bytes - reserve : 0;
 		if (pass == 0 && avail > share)
 			avail = share;

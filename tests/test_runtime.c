@@ -530,9 +530,9 @@ typedef struct brute {
 /* The decision by brute force, from the public per-table figures: the
  * bucket by a linear scan; the reserve from the layer's tail floor, the
  * stage transient and the pending micro-batches at max(steady, floor)
- * bytes, at most the micro-batch's fair share (head_steady - held), both
- * steady figures scaled down where the stage cannot hold its in-flight
- * micro-batches at steady beside the transient; when
+ * bytes (scaled down where the stage cannot hold its in-flight
+ * micro-batches at steady beside the transient), at most the fair share
+ * (head_steady times the unclamped fair scale, less held); when
  * nothing fits, without the share; then with pending at floor bytes
  * (docs/runtime.md); in each try
  * every point of the table: the cheapest whose resident bytes fit (ties to
@@ -577,15 +577,18 @@ static brute brute_select(const kiln_rt *rt, const kiln_query *q, uint64_t rows)
 	double per_pending[3] = {roomy, roomy, (double)si.floor_bytes};
 	/* The share: the steady bytes through this layer, this layer's part
 	 * scaled from load 1 to the bucket as keeping everything scales. */
-	double part = li.steady_keep_bytes ? (double)li.steady_bytes *
-	                                         ((double)ti.keep_bytes / (double)li.steady_keep_bytes)
-	                                   : (double)li.steady_bytes;
+	double part =
+	    li.steady_keep_bytes
+	        ? (double)li.steady_bytes * ((double)ti.keep_bytes / (double)li.steady_keep_bytes)
+	        : (double)li.steady_bytes;
 	double fair = share_scale * ((double)(li.head_steady_bytes - li.steady_bytes) + part) -
 	              (double)q->held_bytes;
-	long double share = fair > 0 ? (long double)(fair < 1.8e19 ? (uint64_t)fair : UINT64_MAX) : 0;
+	long double share =
+	    fair > 0 ? (long double)(fair < 1.8e19 ? (uint64_t)fair : UINT64_MAX) : 0;
 	for (int pass = 0; pass < 3 && r.plan < 0; pass++) {
 		long double reserve = (long double)li.tail_floor_bytes +
-		                      (long double)q->pending * per_pending[pass] + si.transient_bytes;
+		                      (long double)q->pending * per_pending[pass] +
+		                      si.transient_bytes;
 		long double avail = q->free_bytes > reserve ? q->free_bytes - reserve : 0;
 		if (pass == 0 && avail > share)
 			avail = share;

@@ -1314,7 +1314,8 @@ Test(sim, kiln_keeps_everything_where_everything_fits, .timeout = 300)
 			keep += ti.keep_bytes;
 		}
 		double n = ceil(si.inflight);
-		cr_assert_leq(n * (double)keep + (double)si.static_bytes + (double)si.transient_bytes,
+		cr_assert_leq(n * (double)keep + (double)si.static_bytes +
+		                  (double)si.transient_bytes,
 		              (double)si.capacity_bytes, "stage %d", s);
 		cr_assert_gt(keep, si.steady_bytes, "stage %d", s);
 	}

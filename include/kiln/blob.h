@@ -116,7 +116,8 @@ typedef struct kiln_blob_layer {
 	uint64_t tail_floor_bytes; /* floor of the stage's later layers for this micro-batch */
 	uint64_t head_steady_bytes; /* the micro-batch's fixed bytes plus the steady plan's
 	                               resident bytes at load 1 of the layers up to and
-	                               including this one: its fair share so far */
+	                               including this one (select's share is this
+	                               times the fair scale) */
 	uint64_t steady_bytes;      /* this layer's part of it */
 	uint64_t steady_keep_bytes; /* keep_bytes of this layer's table at load 1 */
 } kiln_blob_layer;

@@ -124,7 +124,8 @@ typedef struct kiln_rt_layer_info {
 	int32_t n_units;
 	uint64_t balanced_rows; /* local expert rows at load factor 1 (0: dense) */
 	uint64_t tail_floor_bytes; /* floor of the stage's later layers, kept free by select */
-	uint64_t head_steady_bytes; /* fair share of a micro-batch through this layer (at load 1) */
+	uint64_t head_steady_bytes; /* steady-plan bytes through this layer (load 1); the
+	                               share is this times the fair scale */
 	uint64_t steady_bytes;      /* this layer's part of it */
 	uint64_t steady_keep_bytes; /* the layer's keep-everything bytes at load 1 */
 } kiln_rt_layer_info;
