@@ -872,8 +872,9 @@ Test(runtime, knee_among_equal_costs_takes_the_largest_saving)
  * order with what is free beside the others in flight (as a trainer
  * would count it), the oldest leaving as each new one starts. tiny's
  * stage 0 cannot hold its window at the steady plan beside the largest
- * transient (the fair scale is 0.82 there; 0.905 when this test was written), and without the scale the
- * first micro-batch, finding its successors' room reserved, was left the
+ * transient (the fair scale is 0.82 there; 0.905 when this test was
+ * written), and without the scale the first micro-batch, finding its
+ * successors' room reserved, was left the
  * remainder, which every later window inherited: one micro-batch per
  * window held far less than the others. Now every micro-batch of the
  * steady state holds within 5% of every other. */
