@@ -923,6 +923,33 @@ Test(sim, router_log_converts_to_a_trace_that_replays, .timeout = 120)
 	free(factors);
 }
 
+/* Policies pols of c under loads, every rank followed, for iterations,
+ * with rt as the kiln policy's blob (NULL: the compilation's own; the
+ * blob's policies are not asked for). */
+static void run_loads(const kiln_compilation *c, const kiln_rt *rt, const char *loads,
+                      int32_t iterations, kiln_arena *a, const kiln_sim_policy_kind *pols,
+                      int32_t n, kiln_sim_result *out)
+{
+	kiln_load_profile *prof;
+	cr_assert_eq(kiln_load_parse(loads, c->model->max_factor, a, stderr, &prof), 0);
+	kiln_sim_config cfg = {.c = c,
+	                       .rt = rt,
+	                       .loads = prof,
+	                       .iterations = iterations,
+	                       .seed = 7,
+	                       .restart_s = 284,
+	                       .checkpoint_every = 100,
+	                       .exact = 1};
+	cr_assert_eq(kiln_sim_run(&cfg, pols, n, a, stderr, out), 0);
+}
+
+/* The same under balanced loads, 2 iterations. */
+static void run_balanced(const kiln_compilation *c, kiln_arena *a, const kiln_sim_policy_kind *pols,
+                         int32_t n, kiln_sim_result *out)
+{
+	run_loads(c, NULL, "balanced", 2, a, pols, n, out);
+}
+
 /* The pipeline's transfers take the step-time model's send time
  * (docs/simulator.md, "Pipeline and iteration time"). tiny: pp 2, 8
  * devices, nodes of 4, so a stage's 4 ranks fill a node and the two stages
@@ -966,18 +993,9 @@ Test(sim, pipeline_transfers_take_the_step_models_send_time)
 	pw.p2p_us = 0;
 	cr_assert_eq(kiln_pipe_simulate(&pw, f.a, stderr, &without), 0);
 	cr_assert_gt(with.makespan_us, without.makespan_us);
-	kiln_load_profile *prof;
-	cr_assert_eq(kiln_load_parse("balanced", f.c.model->max_factor, f.a, stderr, &prof), 0);
 	kiln_sim_policy_kind unb = KILN_SIM_UNBOUNDED;
-	kiln_sim_config cfg = {.c = &f.c,
-	                       .loads = prof,
-	                       .iterations = 2,
-	                       .seed = 7,
-	                       .restart_s = 284,
-	                       .checkpoint_every = 100,
-	                       .exact = 1};
 	kiln_sim_result r;
-	cr_assert_eq(kiln_sim_run(&cfg, &unb, 1, f.a, stderr, &r), 0);
+	run_balanced(&f.c, f.a, &unb, 1, &r);
 	cr_expect_eq(r.ooms, 0);
 	/* Each stage then ends with its exposed data-parallel traffic and its
 	 * optimizer step (tiny's profile has no host time and no EP overlap);
@@ -1043,23 +1061,6 @@ static kiln_compilation tiny_one_stage(const char *const *edits, kiln_arena **ou
 	static const char *const base[] = {"memory_gib: 0.009765625", "memory_gib: 0.0625     ",
 	                                   "  pp: 2\n", "  pp: 1\n", NULL};
 	return tiny_edited(base, edits, out_a);
-}
-
-/* Policies pols of c under balanced loads, every rank followed, 2
- * iterations (the blob's policies are not asked for). */
-static void run_balanced(const kiln_compilation *c, kiln_arena *a, const kiln_sim_policy_kind *pols,
-                         int32_t n, kiln_sim_result *out)
-{
-	kiln_load_profile *prof;
-	cr_assert_eq(kiln_load_parse("balanced", c->model->max_factor, a, stderr, &prof), 0);
-	kiln_sim_config cfg = {.c = c,
-	                       .loads = prof,
-	                       .iterations = 2,
-	                       .seed = 7,
-	                       .restart_s = 284,
-	                       .checkpoint_every = 100,
-	                       .exact = 1};
-	cr_assert_eq(kiln_sim_run(&cfg, pols, n, a, stderr, out), 0);
 }
 
 /* Host-bound: with H = time_host_layer_us = 100,000 us, far above any
@@ -1322,18 +1323,8 @@ Test(sim, kiln_keeps_everything_where_everything_fits, .timeout = 300)
 	static const char *const loads[] = {"hot-rank", "burst", "zipf:1.2"};
 	kiln_sim_policy_kind two[] = {KILN_SIM_KILN, KILN_SIM_UNBOUNDED};
 	for (int l = 0; l < 3; l++) {
-		kiln_load_profile *prof;
-		cr_assert_eq(kiln_load_parse(loads[l], c.model->max_factor, a, stderr, &prof), 0);
-		kiln_sim_config cfg = {.c = &c,
-		                       .rt = rt,
-		                       .loads = prof,
-		                       .iterations = 3,
-		                       .seed = 7,
-		                       .restart_s = 284,
-		                       .checkpoint_every = 100,
-		                       .exact = 1};
 		kiln_sim_result r[2];
-		cr_assert_eq(kiln_sim_run(&cfg, two, 2, a, stderr, r), 0);
+		run_loads(&c, rt, loads[l], 3, a, two, 2, r);
 		cr_expect_eq(r[0].ooms, 0, "%s", loads[l]);
 		cr_expect_eq(r[0].recompute_s, 0, "%s: %g s recompute", loads[l], r[0].recompute_s);
 		cr_expect_eq(r[0].copy_s, 0, "%s: %g s copies", loads[l], r[0].copy_s);
