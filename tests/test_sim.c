@@ -57,22 +57,31 @@ static void teardown(fixture *f)
 	kiln_arena_free(f->a);
 }
 
-/* The simulation of f's model under loads: both blobs, seed 7, restarts
- * of 284 s, checkpoints every 100 iterations. */
-static kiln_sim_config config(fixture *f, const char *loads, int64_t iters, int exact)
+/* The simulation of c under loads with rt as the kiln policies' blob
+ * (NULL: the compilation's own): seed 7, restarts of 284 s, checkpoints
+ * every 100 iterations. */
+static kiln_sim_config config_of(const kiln_compilation *c, const kiln_rt *rt, kiln_arena *a,
+                                 const char *loads, int64_t iters, int exact)
 {
 	kiln_load_profile *prof;
-	cr_assert_eq(kiln_load_parse(loads, f->c.model->max_factor, f->a, stderr, &prof), 0);
-	return (kiln_sim_config){.c = &f->c,
-	                         .rt = f->rt,
-	                         .c_no_offload = &f->c2,
-	                         .rt_no_offload = f->rt2,
+	cr_assert_eq(kiln_load_parse(loads, c->model->max_factor, a, stderr, &prof), 0);
+	return (kiln_sim_config){.c = c,
+	                         .rt = rt,
 	                         .loads = prof,
 	                         .iterations = iters,
 	                         .seed = 7,
 	                         .restart_s = 284,
 	                         .checkpoint_every = 100,
 	                         .exact = exact};
+}
+
+/* The same for f's model, with both blobs. */
+static kiln_sim_config config(fixture *f, const char *loads, int64_t iters, int exact)
+{
+	kiln_sim_config cfg = config_of(&f->c, f->rt, f->a, loads, iters, exact);
+	cfg.c_no_offload = &f->c2;
+	cfg.rt_no_offload = f->rt2;
+	return cfg;
 }
 
 static void run_on(fixture *f, const char *loads, int64_t iters, int exact, int32_t threads,
@@ -930,16 +939,7 @@ static void run_loads(const kiln_compilation *c, const kiln_rt *rt, const char *
                       int32_t iterations, kiln_arena *a, const kiln_sim_policy_kind *pols,
                       int32_t n, kiln_sim_result *out)
 {
-	kiln_load_profile *prof;
-	cr_assert_eq(kiln_load_parse(loads, c->model->max_factor, a, stderr, &prof), 0);
-	kiln_sim_config cfg = {.c = c,
-	                       .rt = rt,
-	                       .loads = prof,
-	                       .iterations = iterations,
-	                       .seed = 7,
-	                       .restart_s = 284,
-	                       .checkpoint_every = 100,
-	                       .exact = 1};
+	kiln_sim_config cfg = config_of(c, rt, a, loads, iterations, 1);
 	cr_assert_eq(kiln_sim_run(&cfg, pols, n, a, stderr, out), 0);
 }
 
