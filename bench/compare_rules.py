@@ -2,7 +2,7 @@
 """bench/compare_rules.py: two builds' runtime rules side by side, on every shipped model and load profile.
 
 usage: compare_rules.py OLD_KILNC NEW_KILNC [--iters N] [--seed S] [--models M,...]
-                        [--loads L,...] [--no-oracle] [--json]
+                        [--loads L,...] [--no-oracle] [--no-slack old|new|both] [--json]
 
 For each shipped model (examples/models) and each load profile (the seven named profiles,
 examples/traces/spike.csv, and examples/traces/heavy_tail.py's trace for the model's EP size
@@ -12,7 +12,10 @@ with NEW_KILNC (the oracle chooses from the blob's tables, not by the runtime's 
 one Markdown row per (model, loads): kiln / unbounded, kiln / full recompute and kiln /
 oracle for the old and the new rule, kiln's OOMs (full recompute's beside them) and kiln's
 exposed recompute and copy seconds; then the extremes of new / old. With --json, one JSON
-document instead. Progress goes to stderr. Exit status 1 when a run fails, 2 for bad
+document instead. --no-slack passes `kilnc simulate --no-slack` (docs/simulator.md, "Slack") to
+one side's runs or both (the oracle's runs are the new side's): with the same binary twice and
+--no-slack new, the two columns bracket a rule between the simulator's two timings of
+exposed work. Progress goes to stderr. Exit status 1 when a run fails, 2 for bad
 arguments. docs/results.md quotes its output.
 """
 import argparse
@@ -38,9 +41,10 @@ def ep_of(model_path):
     return 1
 
 
-def simulate(kilnc, model_path, policies, loads, iters, seed):
+def simulate(kilnc, model_path, policies, loads, iters, seed, no_slack=False):
     cmd = [kilnc, "simulate", model_path, "--policy", policies, "--loads", loads,
-           "--iters", str(iters), "--seed", str(seed), "--json"]
+           "--iters", str(iters), "--seed", str(seed), "--json"] + (["--no-slack"] if no_slack
+                                                                   else [])
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        check=False)
     if r.returncode != 0:
@@ -57,6 +61,7 @@ def main(argv):
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--loads", default=",".join(PROFILES))
     ap.add_argument("--no-oracle", action="store_true")
+    ap.add_argument("--no-slack", choices=["old", "new", "both"])
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.iters < 1 or a.seed < 0:
@@ -85,12 +90,14 @@ def main(argv):
                                         "4", "4"], stdout=f, check=True)
                 print(f"compare_rules: {m} {l}", file=sys.stderr, flush=True)
                 try:
+                    ns_old = a.no_slack in ("old", "both")
+                    ns_new = a.no_slack in ("new", "both")
                     old = simulate(a.old, path, "kiln,full-recompute,unbounded", loads, a.iters,
-                                   a.seed)
+                                   a.seed, ns_old)
                     new = simulate(a.new, path, "kiln,full-recompute,unbounded", loads, a.iters,
-                                   a.seed)
+                                   a.seed, ns_new)
                     orc = None if a.no_oracle else simulate(a.new, path, "oracle", loads,
-                                                            a.iters, a.seed)["oracle"]
+                                                            a.iters, a.seed, ns_new)["oracle"]
                 except (RuntimeError, ValueError, KeyError) as e:
                     print(f"compare_rules: {e}", file=sys.stderr)
                     return 1
@@ -106,11 +113,13 @@ def main(argv):
                                 "copy_s": k["exposed_copy_s"]}
                 rows.append(row)
     if a.json:
-        json.dump({"iterations": a.iters, "seed": a.seed, "rows": rows}, sys.stdout, indent=1)
+        json.dump({"iterations": a.iters, "seed": a.seed, "no_slack": a.no_slack, "rows": rows},
+                  sys.stdout, indent=1)
         print()
         return 0
     pct = lambda x: "-" if x is None else f"{100 * x:.2f}%"
-    print(f"{a.iters} iterations, seed {a.seed}; old: {a.old}, new: {a.new}\n")
+    ns = f"; --no-slack on {a.no_slack}" if a.no_slack else ""
+    print(f"{a.iters} iterations, seed {a.seed}; old: {a.old}, new: {a.new}{ns}\n")
     print("| model | loads | kiln/unb old | new | kiln/oracle old | new | kiln/full old | new "
           "| kiln OOMs old / new (full) | recomp s old / new | copy s old / new |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")

@@ -264,8 +264,12 @@ typedef struct scratch {
 	/* Per (stage, micro-batch, layer), the slowest rank's, 3 entries
 	 * each: layer_f its forward, copy exposure and forward all-to-all;
 	 * layer_b its backward (exposed work included), recompute exposure and
-	 * backward all-to-all; the device's times, before the host floor. */
+	 * backward all-to-all; the device's times, before the host floor.
+	 * With envelope.no_slack the entries are the group's largest of each
+	 * (layer_b's first: the largest compute plus layer_e, the largest
+	 * exposed time, whose rank's copy and recompute parts they keep). */
 	double *layer_f, *layer_b;
+	double *layer_e;
 	double *held;         /* per micro-batch of the current stage: device bytes */
 	double *peak;         /* per stage */
 	size_t n_lay;         /* entries of layer_f and layer_b */
@@ -304,6 +308,10 @@ typedef struct envelope {
 	 * k) * ep + r]; NULL: the queries carry no group counts
 	 * (kiln_sim_config.no_group_counts). */
 	const uint32_t *group_rows;
+	/* kiln_sim_config.no_slack: a layer's exposed time is the group's
+	 * largest, added to its largest compute, instead of each rank's added
+	 * to its own compute. */
+	int no_slack;
 } envelope;
 
 /* The load buckets the ranks of one (micro-batch, MoE layer) take, as a
@@ -486,8 +494,8 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 					fa = interp(li->fa2a, li->n_max, n);
 					ba = interp(li->ba2a, li->n_max, n);
 				}
+				kiln_sim_choice ch = {0};
 				if (li->set >= 0) {
-					kiln_sim_choice ch;
 					double free_b = si->capacity - stat - others - cur;
 					if (planned)
 						ch = planned[(size_t)i * si->n_layers + l];
@@ -516,6 +524,9 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 						 * those (ties: the larger forward and backward
 						 * of both). */
 						double bf = -1, bb = -1, bfa = 0, bba = 0;
+						/* no_slack: the largest of each over the slots */
+						double mf = 0, mb = 0, mfa = 0, mba = 0;
+						kiln_sim_choice ce = {0};
 						for (int32_t j = 0; j < rb->n_slots; j++) {
 							double nj = kiln_sim_policy_rows(
 							    pol, li->set, rb->top[j] * li->n_bal);
@@ -531,13 +542,19 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 								    pol, li->set, li->model_layer,
 								    nj, free_b, pending,
 								    (uint32_t)i, cur, &cj);
-							bj += cj.exposed_us;
 							/* The all-to-alls grow with the rows as
 							 * the rest does: the slowest rank's. */
 							double faj =
 							    interp(li->fa2a, li->n_max, nj);
 							double baj =
 							    interp(li->ba2a, li->n_max, nj);
+							mf = fj > mf ? fj : mf;
+							mb = bj > mb ? bj : mb;
+							mfa = faj > mfa ? faj : mfa;
+							mba = baj > mba ? baj : mba;
+							if (cj.exposed_us > ce.exposed_us)
+								ce = cj;
+							bj += cj.exposed_us;
 							if (fj + bj > bf + bb) {
 								bf = fj, bb = bj, ch = cj;
 								bfa = faj, bba = baj;
@@ -552,6 +569,12 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 						b = bb - ch.exposed_us;
 						fa = bfa;
 						ba = bba;
+						if (env->no_slack) {
+							f = mf, b = mb, fa = mfa, ba = mba;
+							ch.exposed_us = ce.exposed_us;
+							ch.recompute_us = ce.recompute_us;
+							ch.copy_us = ce.copy_us;
+						}
 					} else if (rank < 0 && rb &&
 					           kiln_sim_policy_exposed_bound(
 					               pol, li->set, rb->bits, rb->cold, rb->hot,
@@ -614,13 +637,32 @@ static void run_rank(const world *w, const kiln_sim_policy *pol, int unbounded, 
 					 * path sees: kept with its layer time below. */
 					size_t at =
 					    ((size_t)s * w->m + i) * w->stride + 3 * (size_t)l;
-					if (timed && f + b > sc->layer_f[at] + sc->layer_b[at]) {
+					if (!env->no_slack && timed &&
+					    f + b > sc->layer_f[at] + sc->layer_b[at]) {
 						sc->layer_b[at + 1] = ch.recompute_us; /* reused as rec */
 						sc->layer_f[at + 1] = ch.copy_us;      /* reused as copy */
 					}
 				}
 				size_t at = ((size_t)s * w->m + i) * w->stride + 3 * (size_t)l;
-				if (timed && f + b > sc->layer_f[at] + sc->layer_b[at]) {
+				if (timed && env->no_slack) {
+					/* No slack: the group's largest forward, largest
+					 * backward compute and largest exposed time, as if
+					 * every rank's exposed work ran where no other
+					 * rank waits. */
+					double bc = b - ch.exposed_us, e = sc->layer_e[at];
+					double bmax = sc->layer_b[at] - e;
+					if (ch.exposed_us > e) {
+						e = sc->layer_e[at] = ch.exposed_us;
+						sc->layer_b[at + 1] = ch.recompute_us;
+						sc->layer_f[at + 1] = ch.copy_us;
+					}
+					sc->layer_b[at] = (bc > bmax ? bc : bmax) + e;
+					sc->layer_f[at] = f > sc->layer_f[at] ? f : sc->layer_f[at];
+					sc->layer_f[at + 2] =
+					    fa > sc->layer_f[at + 2] ? fa : sc->layer_f[at + 2];
+					sc->layer_b[at + 2] =
+					    ba > sc->layer_b[at + 2] ? ba : sc->layer_b[at + 2];
+				} else if (timed && f + b > sc->layer_f[at] + sc->layer_b[at]) {
 					sc->layer_f[at] = f;
 					sc->layer_b[at] = b;
 					sc->layer_f[at + 2] = fa;
@@ -1146,9 +1188,11 @@ static int attempt(run *r, int32_t k, const kiln_sim_policy *pol, int second, in
 	                .shares = r->shares,
 	                .e = r->e,
 	                .trig = k == r->trig_policy ? r->trig : NULL,
-	                .group_rows = cfg->no_group_counts ? NULL : r->group_rows};
+	                .group_rows = cfg->no_group_counts ? NULL : r->group_rows,
+	                .no_slack = cfg->no_slack};
 	memset(sc->layer_f, 0, sizeof(double) * sc->n_lay);
 	memset(sc->layer_b, 0, sizeof(double) * sc->n_lay);
+	memset(sc->layer_e, 0, sizeof(double) * sc->n_lay);
 	memset(sc->peak, 0, sizeof(double) * (size_t)w->p);
 	sc->oom = 0;
 	sc->stash_overflow = sc->stash_over_budget = 0;
@@ -1424,6 +1468,7 @@ static int scratch_new(const world *w, size_t n_lay, scratch *sc)
 	    .bwd = calloc((size_t)w->p * w->v * w->m, sizeof(double)),
 	    .layer_f = calloc(n_lay, sizeof(double)),
 	    .layer_b = calloc(n_lay, sizeof(double)),
+	    .layer_e = calloc(n_lay, sizeof(double)),
 	    .held = calloc((size_t)w->m, sizeof(double)),
 	    .peak = calloc((size_t)w->p, sizeof(double)),
 	    .n_lay = n_lay,
@@ -1436,8 +1481,9 @@ static int scratch_new(const world *w, size_t n_lay, scratch *sc)
 	                   (size_t)(w->shape.experts_per_rank > 0 ? w->shape.experts_per_rank : 1),
 	               sizeof(double)),
 	};
-	return sc->fwd && sc->bwd && sc->layer_f && sc->layer_b && sc->held && sc->peak &&
-	               sc->bound && sc->order && sc->st_cuda && sc->st_host && sc->experts
+	return sc->fwd && sc->bwd && sc->layer_f && sc->layer_b && sc->layer_e && sc->held &&
+	               sc->peak && sc->bound && sc->order && sc->st_cuda && sc->st_host &&
+	               sc->experts
 	           ? 0
 	           : -1;
 }
@@ -1447,6 +1493,7 @@ static void scratch_free(scratch *sc)
 	free(sc->fwd);
 	free(sc->bwd);
 	free(sc->layer_f);
+	free(sc->layer_e);
 	free(sc->layer_b);
 	free(sc->held);
 	free(sc->peak);

@@ -679,6 +679,13 @@ typedef struct kiln_sim_config {
 	 * group fallback changes); 0: each query carries the rows of every
 	 * rank of its EP group (docs/runtime.md, "Beyond the declared load"). */
 	int no_group_counts;
+	/* 1: no exposed time hides behind a slower rank of the EP group: a
+	 * layer takes the group's largest compute plus its largest exposed
+	 * time (the bound for exposed work that runs where every rank waits,
+	 * before the dispatch all-to-all); 0: each rank's exposed time adds to
+	 * its own compute and the layer takes the largest sum
+	 * (docs/simulator.md, "Slack"). */
+	int no_slack;
 } kiln_sim_config;
 
 typedef struct kiln_sim_result {

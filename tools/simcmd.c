@@ -22,7 +22,7 @@ static const char HELP_SIMULATE[] =
     "usage: kilnc simulate MODEL --policy P[,P...] [--plan PLAN.kiln] [--iters N]\n"
     "                      [--seed S] [--loads PROFILE|FILE.csv] [--exact] [--groups G]\n"
     "                      [--restart-s SECONDS] [--checkpoint-every N] [--json]\n"
-    "                      [--no-group-counts]\n"
+    "                      [--no-group-counts] [--no-slack]\n"
     "                      [--emit-trace F] [--emit-loads F]\n"
     "\n"
     "Replays iterations of MODEL's training through memory policies, side by side\n"
@@ -47,6 +47,10 @@ static const char HELP_SIMULATE[] =
     "  --groups G       simulate G of the EP groups (default all)\n"
     "  --no-group-counts  kiln's queries without the EP group's counts (no group\n"
     "                   fallback beyond the declared load; docs/runtime.md)\n"
+    "  --no-slack       no exposed time hides behind a slower rank of the EP group:\n"
+    "                   each layer takes the group's largest compute plus its\n"
+    "                   largest exposed time (default: each rank's exposed time\n"
+    "                   adds to its own compute; docs/simulator.md, \"Slack\")\n"
     "  --restart-s X    cost of one restart after an out-of-memory failure (284)\n"
     "  --checkpoint-every N  iterations between checkpoints (100)\n"
     "  --json           one JSON document (docs/cli.md)\n"
@@ -294,7 +298,7 @@ int kilnc_simulate(int argc, char **argv)
 	const char *model = NULL, *plan = NULL, *policy = NULL, *iters = NULL, *seed = NULL,
 	           *loads = NULL, *groups = NULL, *restart = NULL, *ckpt = NULL, *trace = NULL,
 	           *emit_loads = NULL;
-	bool json = false, exact = false, no_group = false;
+	bool json = false, exact = false, no_group = false, no_slack = false;
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
 		static const char *names[] = {"--plan",   "--policy",    "--iters",
@@ -314,7 +318,8 @@ int kilnc_simulate(int argc, char **argv)
 			return kilnc_help_simulate();
 		if ((m = kilnc_flag("--json", a, &json)) != 0 ||
 		    (m = kilnc_flag("--exact", a, &exact)) != 0 ||
-		    (m = kilnc_flag("--no-group-counts", a, &no_group)) != 0) {
+		    (m = kilnc_flag("--no-group-counts", a, &no_group)) != 0 ||
+		    (m = kilnc_flag("--no-slack", a, &no_slack)) != 0) {
 			if (m == KILNC_EXIT_USAGE)
 				return m;
 		} else if (a[0] == '-' && a[1])
@@ -486,6 +491,7 @@ int kilnc_simulate(int argc, char **argv)
 	                       .checkpoint_every = n_ckpt,
 	                       .exact = exact,
 	                       .no_group_counts = no_group,
+	                       .no_slack = no_slack,
 	                       .max_groups = (int32_t)n_groups,
 	                       .progress = isatty(2) ? stderr : NULL,
 	                       .capacity_factor = capacity_factor};
@@ -529,6 +535,7 @@ int kilnc_simulate(int argc, char **argv)
 		kiln_json_add_i64(doc, "iterations", n_iters);
 		kiln_json_add_u64(doc, "seed", n_seed);
 		kiln_json_add_bool(doc, "exact", exact);
+		kiln_json_add_bool(doc, "slack", !no_slack);
 		kiln_json_add_number(doc, "restart_s", restart_s);
 		kiln_json_add_i64(doc, "checkpoint_every", n_ckpt);
 		kiln_json_add_i64(doc, "groups", n_groups); /* 0: all */
@@ -599,11 +606,12 @@ int kilnc_simulate(int argc, char **argv)
 	} else {
 		/* The name comes from the description, the profile maybe from a path. */
 		char nb[1024], lb[1024];
-		printf("%s: %lld iterations, loads %s (seed %" PRIu64 "), %s\n",
+		printf("%s: %lld iterations, loads %s (seed %" PRIu64 "), %s%s\n",
 		       kiln_text_escape(m->name, strlen(m->name), sizeof nb, nb),
 		       (long long)n_iters,
 		       kiln_text_escape(prof->name, strlen(prof->name), sizeof lb, lb), n_seed,
-		       exact ? "every EP rank followed" : "statistical method (docs/simulator.md)");
+		       exact ? "every EP rank followed" : "statistical method (docs/simulator.md)",
+		       no_slack ? ", no slack" : "");
 		printf("\n%-28s %12s %7s %8s %10s %6s %6s %5s %6s %10s %10s %9s %9s\n", "policy",
 		       "tokens/s", "vs full", "dropped", "iter s", "MFU", "HFU", "OOMs", "reruns",
 		       "lost s", "recomp s", "copy s", "peak");
