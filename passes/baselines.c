@@ -1398,18 +1398,96 @@ int kiln_megatron_search_beside(const kiln_compilation *c, double load,
 	return 0;
 }
 
-/* The EP group's fallback of every set (struct kiln_group_fallback):
- * full recompute's plan, its bytes as lines in the rows, its exposed time
- * as the line through the first and the last bucket, and the rows up to
- * which every rank is known to fit without it (kiln_budget_fit_rows,
- * passes/budget.c: the tables' safety bound, and past the last bucket
- * where every plan the runtime may choose fits the budget). */
+/* A plan's bytes as lines in the rows, as the runtime counts the group
+ * plan's (runtime/select.c, group_substitute): kept units resident, the
+ * others saved, and in the backward the rebuilt units with their workspace
+ * and the reloaded ones transient. */
+static void plan_lines(const kiln_unit_set *set, const uint8_t *act, kiln_group_fallback *gf)
+{
+	gf->resident = gf->saved = gf->transient = (kiln_lin){0};
+	for (int32_t u = 0; u < set->n_units; u++) {
+		const kiln_unit *un = &set->units[u];
+		kiln_lin *to = act[u] == KILN_ACT_KEEP ? &gf->resident : &gf->saved;
+		to->base += un->bytes.base;
+		to->per_n += un->bytes.per_n;
+		if (act[u] == KILN_ACT_RECOMPUTE || act[u] == KILN_ACT_OFFLOAD) {
+			int ws = act[u] == KILN_ACT_RECOMPUTE;
+			gf->transient.base += un->bytes.base + (ws ? un->workspace_bytes.base : 0);
+			gf->transient.per_n +=
+			    un->bytes.per_n + (ws ? un->workspace_bytes.per_n : 0);
+		}
+	}
+}
+
+/* The plan's scheduled exposed time as the line through the first and the
+ * last bucket (clamped at 0), scheduled as the simulator schedules a
+ * static plan (sim/policy.c, static_cost), and at the last bucket in
+ * *out_last. Returns 0 or -1. */
+static int plan_exposed_line(const kiln_compilation *c, int32_t set, const uint8_t *act,
+                             kiln_group_fallback *gf, double *out_last)
+{
+	const kiln_plan_table *t0 = kiln_plan_table_of(c, set, 0);
+	const kiln_plan_table *t1 = t0 + c->n_buckets - 1;
+	double e0, e1, serial;
+	kiln_arena *scratch = kiln_arena_new();
+	if (!scratch)
+		return -1;
+	int rc = kiln_interleave_exposed(c, t0, act, scratch, &e0, &serial);
+	if (rc == 0)
+		rc = kiln_interleave_exposed(c, t1, act, scratch, &e1, &serial);
+	kiln_arena_free(scratch);
+	if (rc != 0)
+		return -1;
+	double per = t1->n > t0->n ? (e1 - e0) / (t1->n - t0->n) : 0;
+	per = per > 0 ? per : 0;
+	double base = e1 - per * t1->n;
+	gf->exposed_per_row_us = per;
+	gf->exposed_base_us = base > 0 ? base : 0;
+	*out_last = e1;
+	return 0;
+}
+
+/* The most rows one rank of the EP group can receive at an MoE layer:
+ * every token of the group routed to its experts, each at most
+ * min(top_k, local experts) times (as kiln_sim_load_factor_max bounds the
+ * load factor). */
+static double group_max_rows(const kiln_compilation *c, const kiln_unit_set *set)
+{
+	const kiln_model *m = c->model;
+	double balanced = c->graph->layers[set->layer].n_balanced;
+	if (!m->moe || m->ep <= 1 || m->top_k < 1)
+		return balanced;
+	int64_t local = m->experts / m->ep, k = m->top_k < local ? m->top_k : local;
+	return balanced * (double)m->ep * (double)(k > 0 ? k : 1) / (double)m->top_k;
+}
+
+/* Whether line x is at most line y at every rows in [0, n] (both are
+ * lines, so at both ends). */
+static bool line_le(kiln_lin x, kiln_lin y, double n)
+{
+	return x.base <= y.base && kiln_lin_at(x, n) <= kiln_lin_at(y, n);
+}
+
+/* The EP group's plan of every set past fit_rows (struct
+ * kiln_group_fallback; docs/runtime.md, "Beyond the declared load"):
+ * full recompute's plan, or a plan of the set's tables that is cheaper and
+ * never holds more: its resident and its transient bytes at most full
+ * recompute's at every rows a rank can receive (group_max_rows); the
+ * cheapest by scheduled exposed time at the last bucket's rows (full
+ * recompute on a tie, then the first in bucket and point order). Its
+ * bytes as lines in the rows, its exposed time as the line through the
+ * first and the last bucket, and the rows up to which every rank is known
+ * to fit without it (kiln_budget_fit_rows, passes/budget.c: the tables'
+ * safety bound, and past the last bucket where every plan the runtime may
+ * choose fits the budget). */
 static int group_fallbacks(kiln_compilation *c)
 {
 	kiln_arena *a = c->arena;
 	c->groups =
 	    kiln_arena_alloc(a, sizeof(kiln_group_fallback) * (size_t)(c->n_sets ? c->n_sets : 1));
-	if (!c->groups)
+	/* Each plan once per set (the tables of a set share many). */
+	uint8_t *seen = kiln_arena_alloc(a, (size_t)c->pool->n + 1);
+	if (!c->groups || !seen)
 		return -1;
 	for (int32_t i = 0; i < c->n_sets; i++) {
 		const kiln_unit_set *set = &c->sets[i];
@@ -1418,42 +1496,39 @@ static int group_fallbacks(kiln_compilation *c)
 		gf->plan = -1;
 		if (set->kind != KILN_LAYER_MOE)
 			continue;
-		gf->plan = c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[i];
-		const uint8_t *act = c->pool->actions[gf->plan];
-		for (int32_t u = 0; u < set->n_units; u++) {
-			const kiln_unit *un = &set->units[u];
-			kiln_lin *to = act[u] == KILN_ACT_KEEP ? &gf->resident : &gf->saved;
-			to->base += un->bytes.base;
-			to->per_n += un->bytes.per_n;
-			if (act[u] == KILN_ACT_RECOMPUTE || act[u] == KILN_ACT_OFFLOAD) {
-				int ws = act[u] == KILN_ACT_RECOMPUTE;
-				gf->transient.base +=
-				    un->bytes.base + (ws ? un->workspace_bytes.base : 0);
-				gf->transient.per_n +=
-				    un->bytes.per_n + (ws ? un->workspace_bytes.per_n : 0);
+		int32_t full = c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[i];
+		double best_us, us;
+		gf->plan = full;
+		plan_lines(set, c->pool->actions[full], gf);
+		if (plan_exposed_line(c, i, c->pool->actions[full], gf, &best_us) != 0)
+			return -1;
+		const kiln_group_fallback bound = *gf;
+		double most = group_max_rows(c, set);
+		memset(seen, 0, (size_t)c->pool->n + 1);
+		seen[full] = 1;
+		for (int32_t b = 0; b < c->n_buckets; b++) {
+			const kiln_plan_table *t = kiln_plan_table_of(c, i, b);
+			for (int32_t p = 0; p < t->n_points; p++) {
+				int32_t plan = t->plan[p];
+				if (plan < 0 || plan >= c->pool->n || seen[plan])
+					continue;
+				seen[plan] = 1;
+				kiln_group_fallback cand = {.plan = plan};
+				plan_lines(set, c->pool->actions[plan], &cand);
+				if (!line_le(cand.resident, bound.resident, most) ||
+				    !line_le(cand.transient, bound.transient, most))
+					continue;
+				const uint8_t *act = c->pool->actions[plan];
+				if (plan_exposed_line(c, i, act, &cand, &us) != 0)
+					return -1;
+				if (us < best_us) {
+					best_us = us;
+					*gf = cand;
+				}
 			}
 		}
 		if (kiln_budget_fit_rows(c, i, &gf->fit_rows) != 0)
 			return -1;
-		/* Scheduled as the simulator schedules full recompute (sim/policy.c,
-		 * static_cost). */
-		const kiln_plan_table *t0 = kiln_plan_table_of(c, i, 0);
-		const kiln_plan_table *t1 = t0 + c->n_buckets - 1;
-		double e0, e1, serial;
-		kiln_arena *scratch = kiln_arena_new();
-		if (!scratch)
-			return -1;
-		int rc = kiln_interleave_exposed(c, t0, act, scratch, &e0, &serial);
-		if (rc == 0)
-			rc = kiln_interleave_exposed(c, t1, act, scratch, &e1, &serial);
-		kiln_arena_free(scratch);
-		if (rc != 0)
-			return -1;
-		double per = t1->n > t0->n ? (e1 - e0) / (t1->n - t0->n) : 0;
-		per = per > 0 ? per : 0;
-		double base = e1 - per * t1->n;
-		gf->exposed_per_row_us = per;
-		gf->exposed_base_us = base > 0 ? base : 0;
 	}
 	return 0;
 }

@@ -59,7 +59,9 @@ typedef struct kiln_compilation {
  * rank of the group is past the rows known to fit without it (fit_rows)
  * (docs/runtime.md, "Beyond the declared load"): the full recompute plan
  * (passes/baselines.c), which re-runs the layer's collectives, as every
- * rank does it. Bytes are exact lines in the rows (kiln_plan_bytes_at);
+ * rank does it, or the cheapest plan of the set's tables that never holds
+ * more than it, resident or transient, at any rows a rank can receive.
+ * Bytes are exact lines in the rows (kiln_plan_bytes_at);
  * the exposed time is the line through its scheduled exposed time
  * (kiln_interleave_exposed, as the simulator prices full recompute) at the
  * first and the last bucket's rows. */

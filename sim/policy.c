@@ -162,7 +162,8 @@ struct kiln_sim_policy {
 	 * the last one's plan most of the time. */
 	int32_t (*last_point)[2];
 	/* Adaptive policies: per (set, bucket) the cost of the set's group
-	 * fallback (the full recompute plan), NAN until computed. */
+	 * plan (full recompute's or a cheaper one, passes/baselines.c), NAN
+	 * until computed. */
 	cost *group_costs;
 	/* megatron-paged-stash: per stage its stash (has_stash[s] 0 for a
 	 * stage without MoE layers), and the rerun's policy (NULL in the
@@ -1453,8 +1454,9 @@ void kiln_sim_policy_decide_group(const kiln_sim_policy *p, int32_t set, int32_t
 		return;
 	}
 	if (plan.flags & KILN_PLAN_GROUP_FALLBACK) {
-		/* Full recompute of the layer, priced as the full-recompute
-		 * policy prices it (static_cost at the bucket of n). */
+		/* The group's plan (full recompute's or a cheaper one that
+		 * never holds more), priced as the static policies price a plan
+		 * (static_cost at the bucket of n). */
 		double r;
 		int32_t b = kiln_sim_policy_bucket(c, set, n, &r);
 		const cost *co = static_cost(p, p->group_costs, plan.actions, set, b);

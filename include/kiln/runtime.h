@@ -223,10 +223,10 @@ enum {
 	KILN_PLAN_OVER_BUDGET = 1u << 0,   /* nothing fits: the maximal-saving plan, best effort */
 	KILN_PLAN_LOAD_BEYOND = 1u << 1,   /* load above max_factor: the last bucket's numbers,
 	                                      which underestimate */
-	KILN_PLAN_GROUP_FALLBACK = 1u << 2 /* some rank of the group is beyond what its
-	                                      maximal-saving plan fits: the group's fallback
-	                                      plan (full recompute of the layer), the same on
-	                                      every rank of the group */
+	KILN_PLAN_GROUP_FALLBACK = 1u << 2 /* some rank of the group is past the set's
+	                                      fit_rows: the group's plan (full recompute's,
+	                                      or a cheaper one that never holds more), the
+	                                      same on every rank of the group */
 };
 
 typedef struct kiln_plan {

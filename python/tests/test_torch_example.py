@@ -154,15 +154,15 @@ def unit_logs(d):
     return units, extras
 
 
-def test_past_the_declared_load_the_group_falls_back_and_reruns_the_dispatch(tmp_path):
+def test_past_the_declared_load_the_group_takes_the_group_plan(tmp_path):
     """Compiled at load.max_factor 1, every load above balanced is past the
     declared load. At step 4's spike (every row of a stage, 512, to EP rank
     0) the group's counts (all-gathered before the dispatch) make both ranks
-    of a stage take the fallback (full recompute of the layer) alike at each
-    layer whose fit_rows (the blob's threshold, Runtime.group) is below 512,
-    and moe.expert_in, which only the dispatch all-to-all rebuilds, is
-    recomputed by re-running it on both ranks, also on the rank that
-    received no rows. The steps stay bit for bit those of keeping
+    of a stage take the group's plan (Runtime.group; docs/runtime.md,
+    "Beyond the declared load") alike, unit for unit, at each layer whose
+    fit_rows is below 512, also on the rank that received no rows. On every
+    step the two ranks re-run the dispatch (recompute moe.expert_in)
+    together or not at all. The steps stay bit for bit those of keeping
     everything."""
     with open(os.path.join(EXAMPLE, "model.yaml")) as f:
         text = f.read()
@@ -191,25 +191,32 @@ def test_past_the_declared_load_the_group_falls_back_and_reruns_the_dispatch(tmp
         log = [json.loads(line) for line in f]
     with kiln.runtime.Runtime(plan1) as rt:
         falls = {layer for layer in range(4) if rt.group(layer).fit_rows < 512}
-    assert falls, "no layer falls back at 512 rows: the test shows nothing"
+        group_acts = {layer: rt.plan(rt.group(layer).plan)[0] for layer in falls}
+        index = {(layer, name): rt.unit_index(layer, name) for layer in falls
+                 for name in rt.unit_names(layer)}
+    assert falls, "no layer takes the group's plan at 512 rows: the test shows nothing"
     # 4 micro-batches x 2 EP ranks decisions per falling layer at step 4.
     assert log[3]["max_load"] == 2.0 and log[3]["group_fallback"] == 8 * len(falls), log[3]
     assert all(s["group_offloads"] == 0 for s in log), log
     units, _ = unit_logs(tmp_path)
-    ein = {}
+    ein, taken = {}, 0
     for u in units:
         if u["name"] == "moe.expert_in":
             ein[(u["step"], u["mb"], u["layer"], u["rank"])] = (u["action"], u["rows"])
+        if u["step"] == 4 and u["layer"] in falls:
+            want = group_acts[u["layer"]][index[(u["layer"], u["name"])]]
+            assert u["action"] == want, u
+            taken += 1
+    assert taken > 0
     assert len(ein) == 5 * 4 * 2 * 4
     for (step, mb, layer, rank), (action, rows) in ein.items():
         # The two EP ranks of a stage (2s and 2s + 1) re-run the dispatch
-        # together or not at all (only the group's fallback recomputes
+        # together or not at all (only the group's plan may recompute
         # expert_in; otherwise each rank's plan follows its own rows).
         other = ein[(step, mb, layer, rank ^ 1)][0]
         assert (action == kiln.runtime.RECOMPUTE) == (other == kiln.runtime.RECOMPUTE), (
             step, mb, layer, rank)
         if step == 4 and layer in falls:
-            assert action == kiln.runtime.RECOMPUTE, (mb, layer, rank)
             assert rows == (512 if rank % 2 == 0 else 0), (mb, layer, rank, rows)
 
 
