@@ -479,8 +479,8 @@ class Manager:
             self.stats["router_offloads"] += 1
             return OFFLOAD
         if a == RECOMPUTE and u.recipe is None and L.plan.group_fallback:
-            # The group's fallback re-runs the layer's collectives (the whole
-            # group does); a unit only a collective rebuilds and that has no
+            # The group's plan may re-run the layer's collectives (full
+            # recompute's does, on the whole group); a unit only a collective rebuilds and that has no
             # recipe (registered, not produced with collective=True) is
             # offloaded instead: the same device bytes saved, alike on every
             # rank of the group.
