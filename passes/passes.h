@@ -60,7 +60,8 @@ typedef struct kiln_compilation {
  * (docs/runtime.md, "Beyond the declared load"): the full recompute plan
  * (passes/baselines.c), which re-runs the layer's collectives, as every
  * rank does it, or the cheapest plan of the set's tables that never holds
- * more than it, resident or transient, at any rows a rank can receive.
+ * more device memory than it, resident or transient, at any rows a rank
+ * can receive.
  * Bytes are exact lines in the rows (kiln_plan_bytes_at);
  * the exposed time is the line through its scheduled exposed time
  * (kiln_interleave_exposed, as the simulator prices full recompute) at the

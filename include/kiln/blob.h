@@ -196,9 +196,10 @@ typedef struct kiln_blob_dep {
  * fit_rows (docs/runtime.md, "Beyond the declared load"): the full
  * recompute plan, which may re-run the layer's collectives because the whole
  * group re-runs them together, or the cheapest plan of the set's tables that
- * never holds more than it (resident or transient) at any rows a rank can
- * receive (passes/baselines.c, group_fallbacks). Bytes and time are lines in the rank's rows,
- * bytes = base + per_row * rows, exact for the plan's units. */
+ * never holds more device memory than it (resident or transient) at any
+ * rows a rank can receive (passes/baselines.c, group_fallbacks). Bytes and
+ * time are lines in the rank's rows, bytes = base + per_row * rows, exact
+ * for the plan's units. */
 typedef struct kiln_blob_group {
 	uint32_t set;                 /* = the record's index */
 	uint32_t plan;                /* PLANS index over the set's units; UINT32_MAX: none

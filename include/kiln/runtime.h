@@ -225,8 +225,8 @@ enum {
 	                                      which underestimate */
 	KILN_PLAN_GROUP_FALLBACK = 1u << 2 /* some rank of the group is past the set's
 	                                      fit_rows: the group's plan (full recompute's,
-	                                      or a cheaper one that never holds more), the
-	                                      same on every rank of the group */
+	                                      or a cheaper one that never holds more device
+	                                      memory), the same on every rank of the group */
 };
 
 typedef struct kiln_plan {

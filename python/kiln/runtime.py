@@ -352,7 +352,7 @@ class Plan:
     flags = property(lambda self: self._p.flags,
                      doc="PLAN_OVER_BUDGET | PLAN_LOAD_BEYOND | PLAN_GROUP_FALLBACK")
     transient_bytes = property(lambda self: self._p.transient_bytes,
-                               doc="the group fallback's backward transient (else 0)")
+                               doc="the group plan's backward transient (else 0)")
     group_max_rows = property(lambda self: self._p.group_max_rows,
                               doc="the most rows of any rank of the group (0 without counts)")
 
@@ -667,9 +667,9 @@ class Runtime(_Closing):
         TypeError or ValueError. group_rows (optional, blob 1.1): the rows
         every rank of this device's EP group receives at this layer, as the
         count exchange before the dispatch tells every rank (a sequence of
-        ints, or anything with .tolist()); when some rank is beyond what
-        the stage's maximal-saving plan fits, every rank of the group gets
-        the same fallback plan (Plan.group_fallback; docs/runtime.md,
+        ints, or anything with .tolist()); when some rank has more rows than
+        the set's fit_rows (Runtime.group), every rank of the group gets
+        the same group plan (Plan.group_fallback; docs/runtime.md,
         "Beyond the declared load"). None: today's decision. Thread-safe;
         about 3 us from a list of counts (docs/python.md)."""
         h = self._h
