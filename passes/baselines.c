@@ -1419,31 +1419,35 @@ static void plan_lines(const kiln_unit_set *set, const uint8_t *act, kiln_group_
 	}
 }
 
-/* The plan's scheduled exposed time as the line through the first and the
- * last bucket (clamped at 0), scheduled as the simulator schedules a
- * static plan (sim/policy.c, static_cost), and at the last bucket in
- * *out_last. Returns 0 or -1. */
-static int plan_exposed_line(const kiln_compilation *c, int32_t set, const uint8_t *act,
-                             kiln_group_fallback *gf, double *out_last)
+/* The plan's scheduled exposed time at t's rows, scheduled as the simulator
+ * schedules a static plan (sim/policy.c, static_cost). Returns 0 or -1. */
+static int exposed_at(const kiln_compilation *c, const kiln_plan_table *t, const uint8_t *act,
+                      double *out_us)
 {
-	const kiln_plan_table *t0 = kiln_plan_table_of(c, set, 0);
-	const kiln_plan_table *t1 = t0 + c->n_buckets - 1;
-	double e0, e1, serial;
+	double serial;
 	kiln_arena *scratch = kiln_arena_new();
 	if (!scratch)
 		return -1;
-	int rc = kiln_interleave_exposed(c, t0, act, scratch, &e0, &serial);
-	if (rc == 0)
-		rc = kiln_interleave_exposed(c, t1, act, scratch, &e1, &serial);
+	int rc = kiln_interleave_exposed(c, t, act, scratch, out_us, &serial);
 	kiln_arena_free(scratch);
-	if (rc != 0)
+	return rc;
+}
+
+/* The plan's exposed time as the line through the first and the last
+ * bucket, clamped at 0. Returns 0 or -1. */
+static int plan_exposed_line(const kiln_compilation *c, int32_t set, const uint8_t *act,
+                             kiln_group_fallback *gf)
+{
+	const kiln_plan_table *t0 = kiln_plan_table_of(c, set, 0);
+	const kiln_plan_table *t1 = t0 + c->n_buckets - 1;
+	double e0, e1;
+	if (exposed_at(c, t0, act, &e0) != 0 || exposed_at(c, t1, act, &e1) != 0)
 		return -1;
 	double per = t1->n > t0->n ? (e1 - e0) / (t1->n - t0->n) : 0;
 	per = per > 0 ? per : 0;
 	double base = e1 - per * t1->n;
 	gf->exposed_per_row_us = per;
 	gf->exposed_base_us = base > 0 ? base : 0;
-	*out_last = e1;
 	return 0;
 }
 
@@ -1497,10 +1501,11 @@ static int group_fallbacks(kiln_compilation *c)
 		if (set->kind != KILN_LAYER_MOE)
 			continue;
 		int32_t full = c->baselines[KILN_BASELINE_FULL_RECOMPUTE].plan[i];
+		const kiln_plan_table *last = kiln_plan_table_of(c, i, c->n_buckets - 1);
 		double best_us, us;
 		gf->plan = full;
 		plan_lines(set, c->pool->actions[full], gf);
-		if (plan_exposed_line(c, i, c->pool->actions[full], gf, &best_us) != 0)
+		if (exposed_at(c, last, c->pool->actions[full], &best_us) != 0)
 			return -1;
 		const kiln_group_fallback bound = *gf;
 		double most = group_max_rows(c, set);
@@ -1518,8 +1523,7 @@ static int group_fallbacks(kiln_compilation *c)
 				if (!line_le(cand.resident, bound.resident, most) ||
 				    !line_le(cand.transient, bound.transient, most))
 					continue;
-				const uint8_t *act = c->pool->actions[plan];
-				if (plan_exposed_line(c, i, act, &cand, &us) != 0)
+				if (exposed_at(c, last, c->pool->actions[plan], &us) != 0)
 					return -1;
 				if (us < best_us) {
 					best_us = us;
@@ -1527,7 +1531,8 @@ static int group_fallbacks(kiln_compilation *c)
 				}
 			}
 		}
-		if (kiln_budget_fit_rows(c, i, &gf->fit_rows) != 0)
+		if (plan_exposed_line(c, i, c->pool->actions[gf->plan], gf) != 0 ||
+		    kiln_budget_fit_rows(c, i, &gf->fit_rows) != 0)
 			return -1;
 	}
 	return 0;

@@ -61,10 +61,9 @@ typedef struct kiln_compilation {
  * (passes/baselines.c), which re-runs the layer's collectives, as every
  * rank does it, or the cheapest plan of the set's tables that never holds
  * more device memory than it, resident or transient, at any rows a rank
- * can receive.
- * Bytes are exact lines in the rows (kiln_plan_bytes_at);
+ * can receive. Bytes are exact lines in the rows (kiln_plan_bytes_at);
  * the exposed time is the line through its scheduled exposed time
- * (kiln_interleave_exposed, as the simulator prices full recompute) at the
+ * (kiln_interleave_exposed, as the simulator prices a static plan) at the
  * first and the last bucket's rows. */
 struct kiln_group_fallback {
 	int32_t plan;      /* pool index; -1 for a dense set (no rows, no group) */

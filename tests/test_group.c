@@ -380,8 +380,8 @@ static double exposed_at_last_bucket(const kiln_compilation *c, int32_t set, con
  * transient, at any rows one rank can receive (sampled at 65 row counts
  * from 0 to the most: 16 ranks' tokens, each routed to at most min(top_k,
  * local experts) of a rank's experts), its record's bytes are its own, and
- * no plan that holds no more is cheaper at the last bucket (scheduled as the simulator
- * schedules a static plan). On tiny16 it is cheaper than full recompute
+ * no plan that holds no more is cheaper at the last bucket (scheduled as
+ * the simulator schedules a static plan). On tiny16 it is cheaper than full recompute
  * (0.003 ms against 0.027 ms at the last bucket, kilnc inspect), which is
  * what the heavy-tail table of docs/results.md measures. */
 Test(group, group_plan_is_the_cheapest_that_never_holds_more_than_full_recompute, .timeout = 300)

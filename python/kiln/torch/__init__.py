@@ -480,8 +480,9 @@ class Manager:
             return OFFLOAD
         if a == RECOMPUTE and u.recipe is None and L.plan.group_fallback:
             # The group's plan may re-run the layer's collectives (full
-            # recompute's does, on the whole group); a unit only a collective rebuilds and that has no
-            # recipe (registered, not produced with collective=True) is
+            # recompute's does, on the whole group); a unit only a
+            # collective rebuilds and that has no recipe (registered, not
+            # produced with collective=True) is
             # offloaded instead: the same device bytes saved, alike on every
             # rank of the group.
             self.stats["group_offloads"] += 1
