@@ -260,6 +260,26 @@ static int recipes_init(recipes *w, const kiln_compilation *c, double load, bool
 				w->max_block = per_chunk[ly->chunk];
 		}
 	}
+	/* Per graph layer its kiln_megatron_chunk_pos, in one walk per stage
+	 * with a counter per chunk (-1 for embed and head). */
+	int32_t *pos_in_chunk = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)(g->n_layers + 1));
+	if (!pos_in_chunk)
+		return -1;
+	for (int32_t s = 0; s < g->n_stages; s++) {
+		int32_t most = 0;
+		for (int32_t l = g->stages[s].layer_begin; l < g->stages[s].layer_end; l++)
+			most = g->layers[l].chunk > most ? g->layers[l].chunk : most;
+		int32_t *count = kiln_arena_alloc(a, sizeof(int32_t) * (size_t)(most + 1));
+		if (!count)
+			return -1;
+		memset(count, 0, sizeof(int32_t) * (size_t)(most + 1));
+		for (int32_t l = g->stages[s].layer_begin; l < g->stages[s].layer_end; l++) {
+			const kiln_ir_layer *ly = &g->layers[l];
+			pos_in_chunk[l] = ly->index < 0    ? -1
+			                  : ly->chunk >= 0 ? count[ly->chunk]++
+			                                   : kiln_megatron_chunk_pos(g, l);
+		}
+	}
 	for (int32_t i = 0; i < c->n_sets; i++) {
 		const kiln_unit_set *S = &c->sets[i];
 		w->n[i] = S->kind == KILN_LAYER_MOE ? load * g->layers[S->layer].n_balanced : 0;
@@ -271,13 +291,19 @@ static int recipes_init(recipes *w, const kiln_compilation *c, double load, bool
 		/* The representative layer's tensor of each unit. */
 		for (int32_t u = 0; u < S->n_units; u++)
 			kiln_megatron_tensor_uses(g, S->units[u].tensor, &w->uses[i][u]);
-		for (int32_t k = 0; k <= w->max_block; k++) {
-			w->in_block[i][k] = 0;
-			for (int32_t l = 0; l < g->n_layers; l++)
-				w->in_block[i][k] += g->layers[l].stage == S->stage &&
-				                     g->layers[l].kind == S->kind &&
-				                     kiln_megatron_in_block(g, l, k);
+		/* in_block[i][k]: the set's layers whose position in their
+		 * chunk is below k (kiln_megatron_in_block), counted by
+		 * position once and summed, in one walk of the stage. */
+		memset(w->in_block[i], 0, sizeof(int32_t) * (size_t)(w->max_block + 1));
+		const kiln_ir_stage *st = &g->stages[S->stage];
+		for (int32_t l = st->layer_begin; l < st->layer_end; l++) {
+			const kiln_ir_layer *ly = &g->layers[l];
+			int32_t pos = pos_in_chunk[l];
+			if (ly->kind == S->kind && pos >= 0 && pos < w->max_block)
+				w->in_block[i][pos + 1]++;
 		}
+		for (int32_t k = 1; k <= w->max_block; k++)
+			w->in_block[i][k] += w->in_block[i][k - 1];
 	}
 	return 0;
 }
