@@ -306,3 +306,60 @@ Test(import, gpt_oss_states_quick_geglu_and_biases)
 	unlink(yaml);
 	free(yaml);
 }
+
+/* Reads the whole file at path (caller frees); *len its bytes. */
+static char *slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f, "%s", path);
+	char *buf = NULL;
+	size_t cap = 0;
+	FILE *m = open_memstream(&buf, &cap);
+	int c;
+	while ((c = fgetc(f)) != EOF)
+		fputc(c, m);
+	fclose(f);
+	fclose(m);
+	*len = cap;
+	return buf;
+}
+
+/* The hardware profile file is an input (docs/cli.md, "Output files"): -o
+ * naming it, by its name, a symlink or a hard link, or standard output
+ * appended to it, is a usage error, and the profile stays byte for byte
+ * as it was. */
+Test(import, output_may_not_be_the_hardware_profile)
+{
+	size_t want_len;
+	char *want = slurp(kt_src("examples/hardware/h200.yaml"), &want_len);
+	char *prof = kt_temp_file(".yaml", want, want_len);
+	char sym[4200], hard[4200];
+	snprintf(sym, sizeof sym, "%s.link.yaml", prof);
+	snprintf(hard, sizeof hard, "%s.hard.yaml", prof);
+	cr_assert_eq(symlink(prof, sym), 0);
+	cr_assert_eq(link(prof, hard), 0);
+	const char *cfg = kt_src("examples/hf/mixtral-8x22b.json");
+	const char *outs[] = {prof, sym, hard};
+	for (size_t i = 0; i < 3; i++) {
+		kt_run r =
+		    RUN("import", "hf", cfg, "--devices", "8", "--hardware", prof, "-o", outs[i]);
+		cr_expect_eq(r.status, 2, "-o %s: status %d: %s", outs[i], r.status, r.err);
+		cr_expect_not_null(strstr(r.err, "is the input hardware profile"), "%s", r.err);
+		kt_run_free(&r);
+	}
+	char *msg = NULL;
+	int st = kt_sh(&msg, "{ '%s' import hf '%s' --devices 8 --hardware '%s' >> '%s'; }",
+	               KILN_KILNC, cfg, prof, prof);
+	cr_expect_eq(st, 2, "stdout appended to the profile: status %d: %s", st, msg);
+	free(msg);
+	size_t got_len;
+	char *got = slurp(prof, &got_len);
+	cr_expect(got_len == want_len && memcmp(got, want, want_len) == 0,
+	          "the profile changed (%zu bytes, was %zu): %s", got_len, want_len, got);
+	free(got);
+	free(want);
+	unlink(sym);
+	unlink(hard);
+	unlink(prof);
+	free(prof);
+}

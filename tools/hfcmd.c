@@ -648,6 +648,13 @@ int kilnc_import(int argc, char **argv)
 		        config);
 		goto done;
 	}
+	/* The profile file the description names is an input too: -o (or
+	 * stdout redirected) may not name it, as a symlink or hard link
+	 * neither. Checked against the file the frontend read. */
+	if (kilnc_check_outputs(&in, 1, m, &out, 1) != KILNC_EXIT_OK) {
+		rc = KILNC_EXIT_USAGE;
+		goto done;
+	}
 	notes(&r, FAMILIES[fam].kind, &s);
 	if (L.out) {
 		if (kiln_out_write("kilnc", L.out, write_yaml, &d, stderr) != 0)
