@@ -1,10 +1,12 @@
 /* tests/test_import.c: `kilnc import hf` (tools/hfcmd.c) on the shipped
  * Hugging Face configs (examples/hf/) and on broken ones. */
 #include <criterion/criterion.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "codegen/codegen.h"
@@ -362,4 +364,46 @@ Test(import, output_may_not_be_the_hardware_profile)
 	unlink(hard);
 	unlink(prof);
 	free(prof);
+}
+
+/* A profile path is written as a quoted YAML scalar: " #" (a comment),
+ * ": " (a mapping), quotes and a backslash in it reach the frontend as
+ * they are, so the description names that very file (h200, not the
+ * default h100-sxm) and `kilnc check` accepts it. */
+Test(import, hardware_path_is_quoted_yaml)
+{
+	char *dir = kt_temp_file(".d", "", 0);
+	unlink(dir);
+	cr_assert_eq(mkdir(dir, 0700), 0);
+	char sub[4200], prof[4300];
+	snprintf(sub, sizeof sub, "%s/a #b: c \"d' e\\f", dir);
+	cr_assert_eq(mkdir(sub, 0700), 0);
+	snprintf(prof, sizeof prof, "%s/p #x: y.yaml", sub);
+	size_t len;
+	char *h200 = slurp(kt_src("examples/hardware/h200.yaml"), &len);
+	FILE *f = fopen(prof, "wb");
+	cr_assert_not_null(f);
+	cr_assert_eq(fwrite(h200, 1, len, f), len);
+	fclose(f);
+	const char *args[] = {"--devices", "8", "--hardware", prof, NULL};
+	char *yaml = import_ok(kt_src("examples/hf/mixtral-8x22b.json"), args);
+	kt_run r = RUN("check", yaml);
+	cr_expect_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	kiln_arena *a = kiln_arena_new();
+	kiln_model *m;
+	cr_assert_eq(kiln_frontend_load_file(yaml, a, stderr, &m), KILN_FRONTEND_OK);
+	cr_expect_str_eq(m->hw.name, "h200");
+	char *real = realpath(prof, NULL);
+	cr_assert_not_null(real);
+	cr_expect_str_eq(m->hw.source, real);
+	free(real);
+	kiln_arena_free(a);
+	unlink(yaml);
+	free(yaml);
+	unlink(prof);
+	rmdir(sub);
+	rmdir(dir);
+	free(dir);
+	free(h200);
 }

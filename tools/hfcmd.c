@@ -410,6 +410,24 @@ static int check_layout(layout *L, const shape *s)
 
 /* ---------------------------------------------------------------- writing */
 
+/* Writes s as a YAML double-quoted scalar, so that no byte of a path
+ * (" #", ": ", quotes, a backslash, a leading '-' or '&') is read as YAML
+ * syntax: '"' and '\\' are escaped, control bytes written as \xNN (which
+ * the frontend then refuses by name), every other byte as it is. */
+static void yaml_quoted(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			fprintf(f, "\\%c", *p);
+		else if (*p < 0x20 || *p == 0x7f)
+			fprintf(f, "\\x%02x", *p);
+		else
+			fputc(*p, f);
+	}
+	fputc('"', f);
+}
+
 typedef struct doc {
 	const shape *s;
 	const layout *L;
@@ -471,7 +489,9 @@ static int write_yaml(FILE *f, void *ctx)
 		fprintf(f, "  schedule: interleaved\n  vpp: %lld\n", (long long)L->vpp);
 	else
 		fputs("  schedule: 1f1b\n", f);
-	fprintf(f, "hardware: %s\n", d->hardware);
+	fputs("hardware: ", f);
+	yaml_quoted(f, d->hardware);
+	fputc('\n', f);
 	return 0;
 }
 
