@@ -187,8 +187,9 @@ Test(import, bad_configs_name_what_is_wrong)
 	import_fails("{\"model_type\": \"bert\"}", DEV8, 1,
 	             "model_type 'bert' is not a family kiln knows; kiln imports deepseek_v2");
 	import_fails("{\"hidden_size\": 1}", DEV8, 1, "no model_type");
-	import_fails("[1, 2]", DEV8, 1, "not a JSON object");
-	import_fails("{\"model_type\": \"llama\",", DEV8, 1, "not a JSON object");
+	import_fails("[1, 2]", DEV8, 1, "not an object");
+	import_fails("{\"model_type\": \"llama\",", DEV8, 1,
+	             ":1:24: error: unexpected end of input");
 	static const char frac[] =
 	    "{\"model_type\": \"llama\", \"hidden_size\": 64.5, \"num_hidden_layers\": 2, "
 	    "\"num_attention_heads\": 4, \"vocab_size\": 100, \"intermediate_size\": \"big\"}";
@@ -406,4 +407,50 @@ Test(import, hardware_path_is_quoted_yaml)
 	rmdir(dir);
 	free(dir);
 	free(h200);
+}
+
+/* A config that is not strict JSON is refused at the line and column of
+ * its first problem, with the reason: what JSON parsers read differently
+ * (leading zeros, trailing content, duplicate keys, NUL) included, so no
+ * config imports to other shapes than Python's json reads. */
+Test(import, json_errors_have_a_position_and_a_reason)
+{
+	static const struct {
+		const char *text;
+		size_t len; /* 0: strlen */
+		const char *want;
+	} cases[] = {
+	    {"{\"model_type\": \"llama\",", 0,
+	     ":1:24: error: unexpected end of input in an object"},
+	    {"{\n \"a\": 1,\n \"b\": NaN}", 0, ":3:7: error: NaN is not a JSON number"},
+	    {"{\"a\": -Infinity}", 0, ":1:7: error: Infinity is not a JSON number"},
+	    {"{\"hidden_size\": 02048}", 0, ":1:17: error: a number with a leading zero"},
+	    {"{\"a\": 1}\n\n  {}", 0, ":3:3: error: trailing content after the JSON value"},
+	    {"\0{}", 3, ":1:1: error: a NUL byte"},
+	    {"{\"a\": \"x\0y\"}", 12, ":1:9: error: a NUL byte in a string"},
+	    {"{\"model_type\": \"lla\\u0000ma\"}", 0, ":1:20: error: \\u0000 (a NUL character)"},
+	    {"{\"a\": 1, \"b\": {\"c\": 1, \"c\": 2}, \"a\": 3}", 0,
+	     ":1:24: error: duplicate key 'c' in an object"},
+	    {"{\"hidden_size\": 64, \"hidden_size\": 128}", 0,
+	     ":1:21: error: duplicate key 'hidden_size'"},
+	    {"{\"a\": [1,]}", 0, ":1:10: error: a comma before the closing bracket"},
+	    {"{\"a\": \"\\uD800\"}", 0, ":1:8: error: a lone UTF-16 high surrogate"},
+	    {"{\"a\": \"\xc3\xa9\", \"b\": tru}", 0, ":1:17: error: an unquoted word"},
+	    {"", 0, ":1:1: error: no JSON value"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		size_t n = cases[i].len ? cases[i].len : strlen(cases[i].text);
+		char *cfg = kt_temp_file(".json", cases[i].text, n);
+		kt_run r = RUN("import", "hf", cfg, "--devices", "8");
+		cr_expect_eq(r.status, 1, "case %zu: status %d: %s", i, r.status, r.err);
+		char want[512];
+		snprintf(want, sizeof want, "%s%s", cfg, cases[i].want);
+		cr_expect_not_null(strstr(r.err, want), "case %zu: want '%s' in: %s", i, want,
+		                   r.err);
+		cr_expect_eq(r.out_len, 0, "case %zu: wrote %s", i, r.out);
+		kt_run_free(&r);
+		unlink(cfg);
+		free(cfg);
+	}
+	import_fails("[1, 2]", DEV8, 1, "the JSON value is an array, not an object");
 }

@@ -590,12 +590,20 @@ int kilnc_import(int argc, char **argv)
 	size_t len;
 	if ((rc = kilnc_read_file(config, HF_MAX_BYTES, &text, &len)) != KILNC_EXIT_OK)
 		return rc;
-	kiln_json *root = kiln_json_parse(text, len);
+	kiln_json_error jerr;
+	kiln_json *root = kiln_json_parse_strict(text, len, &jerr);
 	free(text);
-	if (!root || !kiln_json_is_object(root)) {
+	char shown[200];
+	if (!root) {
+		fprintf(stderr, "%s:%d:%d: error: %s\n", kilnc_shown(config, shown, sizeof shown),
+		        jerr.line, jerr.col, jerr.reason);
+		return KILNC_EXIT_INPUT;
+	}
+	if (!kiln_json_is_object(root)) {
 		fprintf(stderr,
-		        "kilnc: error: %s: not a JSON object (a Hugging Face config.json)\n",
-		        config);
+		        "%s: error: the JSON value is %s, not an object (a Hugging Face "
+		        "config.json)\n",
+		        kilnc_shown(config, shown, sizeof shown), kiln_json_kind(root));
 		kiln_json_free(root);
 		return KILNC_EXIT_INPUT;
 	}
