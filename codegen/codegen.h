@@ -77,6 +77,7 @@ bool kiln_json_bool(const kiln_json *v); /* false when not a boolean */
 bool kiln_json_is_null(const kiln_json *v);
 bool kiln_json_is_object(const kiln_json *v);
 bool kiln_json_is_array(const kiln_json *v);
+bool kiln_json_is_string(const kiln_json *v);
 /* What v is, for messages: "an object", "an array", "a string", "a
  * number", "a boolean", "null" (static strings); "nothing" for NULL. */
 const char *kiln_json_kind(const kiln_json *v);

@@ -222,6 +222,11 @@ bool kiln_json_is_array(const kiln_json *v)
 	return v && cJSON_IsArray(C(v));
 }
 
+bool kiln_json_is_string(const kiln_json *v)
+{
+	return v && cJSON_IsString(C(v));
+}
+
 const char *kiln_json_kind(const kiln_json *v)
 {
 	const cJSON *c = C(v);

@@ -193,13 +193,14 @@ Test(import, bad_configs_name_what_is_wrong)
 	static const char frac[] =
 	    "{\"model_type\": \"llama\", \"hidden_size\": 64.5, \"num_hidden_layers\": 2, "
 	    "\"num_attention_heads\": 4, \"vocab_size\": 100, \"intermediate_size\": \"big\"}";
-	import_fails(frac, DEV8, 1, "field 'hidden_size' is 64.5, not a non-negative integer");
-	import_fails(frac, DEV8, 1, "field 'intermediate_size' is not a number");
+	import_fails(frac, DEV8, 1, "field 'hidden_size' is 64.5, not a positive integer");
+	import_fails(frac, DEV8, 1,
+	             "field 'intermediate_size' is a string, expected a positive integer");
 	static const char gelu[] =
 	    "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
 	    "\"num_attention_heads\": 4, \"vocab_size\": 100, \"intermediate_size\": 128, "
 	    "\"hidden_act\": \"gelu\"}";
-	import_fails(gelu, DEV8, 1, "hidden_act 'gelu'");
+	import_fails(gelu, DEV8, 1, "field 'hidden_act' is 'gelu'");
 	/* Layer patterns kiln cannot describe. */
 	static const char sparse[] =
 	    "{\"model_type\": \"qwen2_moe\", \"hidden_size\": 64, \"num_hidden_layers\": 4, "
@@ -453,4 +454,166 @@ Test(import, json_errors_have_a_position_and_a_reason)
 		free(cfg);
 	}
 	import_fails("[1, 2]", DEV8, 1, "the JSON value is an array, not an object");
+}
+
+/* A small config of each kind, with extra (", KEY: VALUE") before its
+ * closing brace; caller frees. */
+static char *qwen_with(const char *extra)
+{
+	char *t = malloc(1024);
+	cr_assert_not_null(t);
+	cr_assert(snprintf(t, 1024,
+	                   "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, "
+	                   "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"vocab_size\": "
+	                   "256, \"num_experts\": 8, \"num_experts_per_tok\": 2, "
+	                   "\"moe_intermediate_size\": 32, \"intermediate_size\": 128%s}",
+	                   extra) < 1024);
+	return t;
+}
+
+static char *gpt_oss_with(const char *extra)
+{
+	char *t = malloc(1024);
+	cr_assert_not_null(t);
+	cr_assert(snprintf(t, 1024,
+	                   "{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, "
+	                   "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"vocab_size\": "
+	                   "256, \"num_local_experts\": 8, \"num_experts_per_tok\": 2, "
+	                   "\"intermediate_size\": 32%s}",
+	                   extra) < 1024);
+	return t;
+}
+
+/* A field kiln reads that is present with the wrong type is an error that
+ * names it and the type expected; null stands for absent only in
+ * q_lora_rank and sliding_window, where Hugging Face writes it; a size of
+ * 0 is refused, never replaced by a default; every size is at most 2^24
+ * (docs/cli.md); and each bad field is reported once. */
+Test(import, every_field_read_is_checked_once)
+{
+	static const struct {
+		const char *extra, *want;
+	} cases[] = {
+	    {", \"hidden_act\": null", "field 'hidden_act' is null, expected a string"},
+	    {", \"hidden_act\": 1", "field 'hidden_act' is a number, expected a string"},
+	    {", \"mlp_only_layers\": \"0,1\"",
+	     "field 'mlp_only_layers' is a string, expected an array of layer indices"},
+	    {", \"mlp_only_layers\": [\"0\"]",
+	     "element 0 of field 'mlp_only_layers' is a string, not a non-negative integer"},
+	    {", \"mlp_only_layers\": [-1]",
+	     "element 0 of field 'mlp_only_layers' is -1, not a non-negative integer"},
+	    {", \"tie_word_embeddings\": \"yes\"",
+	     "field 'tie_word_embeddings' is a string, expected a boolean"},
+	    {", \"use_sliding_window\": 0",
+	     "field 'use_sliding_window' is a number, expected a boolean"},
+	    {", \"sliding_window\": \"4096\"",
+	     "field 'sliding_window' is a string, expected a non-negative integer or null"},
+	    {", \"num_nextn_predict_layers\": \"x\"",
+	     "field 'num_nextn_predict_layers' is a string, expected a non-negative integer"},
+	    {", \"layer_types\": 7",
+	     "field 'layer_types' is a number, expected an array of strings"},
+	    {", \"layer_types\": [\"full_attention\", 2]",
+	     "element 1 of field 'layer_types' is a number, expected a string"},
+	    {", \"head_dim\": 0", "field 'head_dim' is 0, must be positive"},
+	    {", \"head_dim\": null", "field 'head_dim' is null, expected a positive integer"},
+	    {", \"max_position_embeddings\": 0", "field 'max_position_embeddings' is 0, must be"},
+	    {", \"num_key_value_heads\": 0", "field 'num_key_value_heads' is 0, must be positive"},
+	    {", \"head_dim\": 4294967296",
+	     "field 'head_dim' is 4294967296, over kiln's bound of 16777216"},
+	    {", \"max_position_embeddings\": 1e300",
+	     "field 'max_position_embeddings' is 1e+300, over kiln's bound of 9007199254740992"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char *text = qwen_with(cases[i].extra);
+		import_fails(text, DEV8, 1, cases[i].want);
+		free(text);
+	}
+	import_fails("{\"model_type\": 3}", DEV8, 1,
+	             "field 'model_type' is a number, expected a string");
+	import_fails("{\"model_type\": \"llama\", \"text_config\": []}", DEV8, 1,
+	             "field 'text_config' is an array, expected an object");
+	import_fails("{\"model_type\": \"llama\", \"_name_or_path\": null}", DEV8, 1,
+	             "field '_name_or_path' is null, expected a string");
+	/* Required sizes: 2^32 of any of them, or null. */
+	static const char *const sizes[] = {"hidden_size", "num_attention_heads", "vocab_size",
+	                                    "moe_intermediate_size", "num_experts"};
+	for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+		char base[1024], want[256];
+		char *text = qwen_with("");
+		/* Replace the field's value by 4294967296. */
+		char *at = strstr(text, sizes[i]);
+		cr_assert_not_null(at);
+		char *colon = strchr(at, ':'), *end = strpbrk(colon, ",}");
+		snprintf(base, sizeof base, "%.*s: 4294967296%s", (int)(colon - text), text, end);
+		snprintf(want, sizeof want,
+		         "field '%s' is 4294967296, over kiln's bound of 16777216", sizes[i]);
+		import_fails(base, DEV8, 1, want);
+		snprintf(base, sizeof base, "%.*s: null%s", (int)(colon - text), text, end);
+		snprintf(want, sizeof want, "field '%s' is null, expected a positive integer",
+		         sizes[i]);
+		import_fails(base, DEV8, 1, want);
+		free(text);
+	}
+	/* Once: a negative size is not reported again as 0. */
+	static const char neg[] =
+	    "{\"model_type\": \"llama\", \"hidden_size\": -1, \"num_hidden_layers\": 2, "
+	    "\"num_attention_heads\": 4, \"vocab_size\": 100, \"intermediate_size\": 128}";
+	char *cfg = kt_temp_file(".json", neg, strlen(neg));
+	kt_run r = RUN("import", "hf", cfg, "--devices", "8");
+	cr_expect_eq(r.status, 1);
+	cr_expect_not_null(strstr(r.err, "field 'hidden_size' is -1, not a positive integer"), "%s",
+	                   r.err);
+	cr_expect_eq(kt_count(r.err, "'hidden_size'"), 1, "%s", r.err);
+	kt_run_free(&r);
+	unlink(cfg);
+	free(cfg);
+	/* Null as absent where Hugging Face writes it. */
+	char *ok = qwen_with(", \"sliding_window\": null, \"use_sliding_window\": false");
+	cfg = kt_temp_file(".json", ok, strlen(ok));
+	r = RUN("import", "hf", cfg, "--devices", "8");
+	cr_expect_eq(r.status, 0, "%s", r.err);
+	kt_run_free(&r);
+	unlink(cfg);
+	free(cfg);
+	free(ok);
+}
+
+/* The sliding-window note is printed where some layer has a window: not
+ * for gpt-oss layers all full_attention or a window of 0, as for Mistral's
+ * window with no layer_types, or Qwen's with use_sliding_window false. */
+Test(import, sliding_window_note_only_where_a_layer_slides)
+{
+	static const struct {
+		bool gpt_oss;
+		const char *extra;
+		bool note;
+	} cases[] = {
+	    {true, "", true}, /* gpt-oss's default: window 128, alternating layers */
+	    {true,
+	     ", \"sliding_window\": 128, \"layer_types\": [\"sliding_attention\", "
+	     "\"full_attention\", \"sliding_attention\", \"full_attention\"]",
+	     true},
+	    {true,
+	     ", \"sliding_window\": 128, \"layer_types\": [\"full_attention\", "
+	     "\"full_attention\", \"full_attention\", \"full_attention\"]",
+	     false},
+	    {true, ", \"sliding_window\": 0", false},
+	    {true, ", \"sliding_window\": null", false},
+	    {false, ", \"sliding_window\": 4096", true},
+	    {false, ", \"sliding_window\": 4096, \"use_sliding_window\": false", false},
+	    {false, "", false},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char *text =
+		    cases[i].gpt_oss ? gpt_oss_with(cases[i].extra) : qwen_with(cases[i].extra);
+		char *cfg = kt_temp_file(".json", text, strlen(text));
+		kt_run r = RUN("import", "hf", cfg, "--devices", "8");
+		cr_expect_eq(r.status, 0, "case %zu: %s", i, r.err);
+		cr_expect_eq(strstr(r.err, "sliding-window") != NULL, cases[i].note, "case %zu: %s",
+		             i, r.err);
+		kt_run_free(&r);
+		unlink(cfg);
+		free(cfg);
+		free(text);
+	}
 }
