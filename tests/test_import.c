@@ -617,3 +617,43 @@ Test(import, sliding_window_note_only_where_a_layer_slides)
 		free(text);
 	}
 }
+
+/* import's messages follow kilnc's conventions: an option's usage error
+ * points to `kilnc help import` as the command's others do; problems in the
+ * config are "CONFIG: error: ..."; an output that cannot be written gives
+ * its real reason (/proc/version: its directory takes no new file, or, for
+ * a user, permission), not a missing file. */
+Test(import, messages_follow_kilnc_conventions)
+{
+	const char *cfg = kt_src("examples/hf/mixtral-8x22b.json");
+	kt_run r = RUN("import", "hf", cfg, "--devices", "8", "--devices", "8");
+	cr_expect_eq(r.status, 2);
+	cr_expect_not_null(strstr(r.err, "--devices given twice\nTry 'kilnc help import'."), "%s",
+	                   r.err);
+	kt_run_free(&r);
+	r = RUN("import", "hf", cfg, "--devices", "8", "--name");
+	cr_expect_eq(r.status, 2);
+	cr_expect_not_null(strstr(r.err, "--name needs a value\nTry 'kilnc help import'."), "%s",
+	                   r.err);
+	kt_run_free(&r);
+	static const char bert[] = "{\"model_type\": \"bert\"}";
+	char *path = kt_temp_file(".json", bert, strlen(bert));
+	r = RUN("import", "hf", path, "--devices", "8");
+	char want[4200];
+	snprintf(want, sizeof want, "%s: error: model_type 'bert'", path);
+	cr_expect(strncmp(r.err, want, strlen(want)) == 0, "want '%s' at the start of: %s", want,
+	          r.err);
+	kt_run_free(&r);
+	unlink(path);
+	free(path);
+	if (access("/proc/version", F_OK) == 0) {
+		r = RUN("import", "hf", cfg, "--devices", "8", "-o", "/proc/version");
+		cr_expect_eq(r.status, 1, "%s", r.err);
+		cr_expect(strstr(r.err,
+		                 "cannot write /proc/version: cannot create a temporary file "
+		                 "in /proc") ||
+		              strstr(r.err, "cannot write /proc/version: Permission denied"),
+		          "%s", r.err);
+		kt_run_free(&r);
+	}
+}

@@ -601,7 +601,7 @@ static int parse(int argc, char **argv, const char **config, layout *L)
 		const char *a = argv[i];
 		int m = 0;
 		for (int k = 0; k < 10 && m == 0; k++)
-			m = kilnc_option_value(names[k], argc, argv, &i, &v[k]);
+			m = kilnc_option_value("import", names[k], argc, argv, &i, &v[k]);
 		if (m == KILNC_EXIT_USAGE)
 			return m;
 		if (m)
@@ -615,8 +615,8 @@ static int parse(int argc, char **argv, const char **config, layout *L)
 					return KILNC_EXIT_USAGE;
 				}
 				o = argv[++i];
-			} else if ((m = kilnc_option_value("--output", argc, argv, &i, &o)) ==
-			           KILNC_EXIT_USAGE) {
+			} else if ((m = kilnc_option_value("import", "--output", argc, argv, &i,
+			                                   &o)) == KILNC_EXIT_USAGE) {
 				return m;
 			}
 			if (L->out) {
@@ -717,7 +717,7 @@ int kilnc_import(int argc, char **argv)
 	for (size_t k = 0; k < sizeof top / sizeof *top; k++) {
 		const kiln_json *v = kiln_json_get(k == 2 ? c : root, top[k].key);
 		if (v && !top[k].is(v)) {
-			fprintf(stderr, "kilnc: error: %s: field '%s' is %s, expected %s\n",
+			fprintf(stderr, "%s: error: field '%s' is %s, expected %s\n",
 			        kilnc_shown(config, shown, sizeof shown), top[k].key,
 			        kiln_json_kind(v), top[k].kind);
 			typed = false;
@@ -731,7 +731,8 @@ int kilnc_import(int argc, char **argv)
 		fam++;
 	if (!type || fam == N_FAMILIES) {
 		char esc[64];
-		fprintf(stderr, "kilnc: error: %s: %s%s%s; kiln imports", config,
+		fprintf(stderr, "%s: error: %s%s%s; kiln imports",
+		        kilnc_shown(config, shown, sizeof shown),
 		        type ? "model_type '" : "no model_type",
 		        type ? kiln_text_escape(type, strlen(type), sizeof esc, esc) : "",
 		        type ? "' is not a family kiln knows" : "");
@@ -757,8 +758,8 @@ int kilnc_import(int argc, char **argv)
 	snprintf(hw, sizeof hw, "%s", L.hardware);
 	if (strchr(L.hardware, '/') || strstr(L.hardware, ".yaml") || strstr(L.hardware, ".yml")) {
 		if (!realpath(L.hardware, hw)) {
-			fprintf(stderr, "kilnc: error: --hardware %s: %s\n", L.hardware,
-			        strerror(errno));
+			fprintf(stderr, "kilnc: error: --hardware %s: %s\n",
+			        kilnc_shown(L.hardware, shown, sizeof shown), strerror(errno));
 			goto done;
 		}
 	}
@@ -783,7 +784,7 @@ int kilnc_import(int argc, char **argv)
 		fprintf(stderr,
 		        "kilnc: error: the description imported from %s with these options is "
 		        "invalid (above; the lines are those of the YAML it would write)\n",
-		        config);
+		        kilnc_shown(config, shown, sizeof shown));
 		goto done;
 	}
 	/* The profile file the description names is an input too: -o (or
