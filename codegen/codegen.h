@@ -44,9 +44,27 @@ enum { KILN_JSON_ENOMEM = -1, KILN_JSON_EWRITE = -2 };
 int kiln_json_write(const kiln_json *root, FILE *out);
 void kiln_json_free(kiln_json *root);
 
-/* Parsing, for tests and tools that read JSON back (kiln's own, and
- * `kilnc import hf`'s Hugging Face configs). */
+/* Parsing kiln's own JSON back (tests): cJSON's reading, which is lax
+ * (leading zeros, trailing content and duplicate keys pass). */
 kiln_json *kiln_json_parse(const char *text, size_t len);
+
+/* Why a text is not (strict) JSON, and where: line and column from 1, the
+ * column in characters (UTF-8). */
+typedef struct kiln_json_error {
+	int line, col;
+	char reason[192];
+} kiln_json_error;
+
+/* Parses len bytes of untrusted text (`kilnc import hf`'s configs) as
+ * exactly one JSON value by RFC 8259's grammar, with what JSON parsers
+ * disagree on refused: leading zeros, NaN and Infinity, content after the
+ * value, a NUL byte anywhere, \u0000 in a string, lone UTF-16 surrogates,
+ * nesting over 1000 levels, and an object with the same key twice (cJSON
+ * keeps the first, Python's json the last). A UTF-8 byte order mark is
+ * skipped. Returns the document (owned by the caller, kiln_json_free), or
+ * NULL with *out_err set to the first problem (out of memory included).
+ * O(len log len). */
+kiln_json *kiln_json_parse_strict(const char *text, size_t len, kiln_json_error *out_err);
 /* Member of an object by key, element of an array by index; NULL when absent. */
 const kiln_json *kiln_json_get(const kiln_json *obj, const char *key);
 const kiln_json *kiln_json_at(const kiln_json *arr, int index);
@@ -58,6 +76,11 @@ bool kiln_json_is_bool(const kiln_json *v);
 bool kiln_json_bool(const kiln_json *v); /* false when not a boolean */
 bool kiln_json_is_null(const kiln_json *v);
 bool kiln_json_is_object(const kiln_json *v);
+bool kiln_json_is_array(const kiln_json *v);
+bool kiln_json_is_string(const kiln_json *v);
+/* What v is, for messages: "an object", "an array", "a string", "a
+ * number", "a boolean", "null" (static strings); "nothing" for NULL. */
+const char *kiln_json_kind(const kiln_json *v);
 
 /* ---------------------------------------------------------------- report.c */
 

@@ -66,3 +66,35 @@ Test(json, integral_doubles_in_integer_notation)
 	free(t);
 	kiln_json_free(doc);
 }
+
+/* The strict parser takes every form RFC 8259 allows (the corner cases of
+ * its number and string grammar, a byte order mark, 1000 levels of
+ * nesting) and refuses the 1001st level at its bracket. */
+Test(json, strict_parse_accepts_every_json_form)
+{
+	static const char text[] = "\xEF\xBB\xBF { \"n\": [-0, 0.5, -1.25e+3, 2E-2, 0e0],\r\n"
+	                           "\t\"s\": \"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\\uD83D\\uDE00\",\n"
+	                           "  \"w\": [true, false, null, {}, []], \"e\": \"\" } \n";
+	kiln_json_error e;
+	kiln_json *doc = kiln_json_parse_strict(text, strlen(text), &e);
+	cr_assert_not_null(doc, "%d:%d: %s", e.line, e.col, e.reason);
+	cr_expect_eq(kiln_json_number(kiln_json_at(kiln_json_get(doc, "n"), 2)), -1250.0);
+	cr_expect_str_eq(kiln_json_string(kiln_json_get(doc, "s")),
+	                 "\"\\/\b\f\n\r\t\xc3\xa9\xf0\x9f\x98\x80");
+	cr_expect_str_eq(kiln_json_kind(kiln_json_at(kiln_json_get(doc, "w"), 3)), "an object");
+	kiln_json_free(doc);
+	char deep[2 * 1001 + 1];
+	for (int depth = 1000; depth <= 1001; depth++) {
+		memset(deep, '[', (size_t)depth);
+		memset(deep + depth, ']', (size_t)depth);
+		doc = kiln_json_parse_strict(deep, 2 * (size_t)depth, &e);
+		if (depth == 1000) {
+			cr_expect_not_null(doc, "%d:%d: %s", e.line, e.col, e.reason);
+		} else {
+			cr_expect_null(doc);
+			cr_expect_eq(e.col, 1001);
+			cr_expect_str_eq(e.reason, "nested deeper than 1000 levels");
+		}
+		kiln_json_free(doc);
+	}
+}

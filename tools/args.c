@@ -33,7 +33,22 @@ void kilnc_usage_error(const char *fmt, const char *arg)
 	fputs("\nTry 'kilnc --help'.\n", stderr);
 }
 
-int kilnc_option_value(const char *name, int argc, char **argv, int *i, const char **out)
+/* A problem with option name of command cmd: "Try 'kilnc help CMD'." where
+ * the command has its own help, as its other usage errors say. */
+static void option_error(const char *cmd, const char *fmt, const char *name)
+{
+	if (!cmd) {
+		kilnc_usage_error(fmt, name);
+		return;
+	}
+	char buf[200];
+	fputs("kilnc: error: ", stderr);
+	fprintf(stderr, fmt, kilnc_shown(name, buf, sizeof buf));
+	fprintf(stderr, "\nTry 'kilnc help %s'.\n", cmd);
+}
+
+int kilnc_option_value(const char *cmd, const char *name, int argc, char **argv, int *i,
+                       const char **out)
 {
 	const char *a = argv[*i];
 	size_t n = strlen(name);
@@ -41,23 +56,23 @@ int kilnc_option_value(const char *name, int argc, char **argv, int *i, const ch
 		return 0;
 	const char *v = a[n] == '=' ? a + n + 1 : *i + 1 < argc ? argv[++*i] : NULL;
 	if (!v || !*v) {
-		kilnc_usage_error("%s needs a value", name);
+		option_error(cmd, "%s needs a value", name);
 		return KILNC_EXIT_USAGE;
 	}
 	if (*out) {
-		kilnc_usage_error("%s given twice", name);
+		option_error(cmd, "%s given twice", name);
 		return KILNC_EXIT_USAGE;
 	}
 	*out = v;
 	return 1;
 }
 
-int kilnc_flag(const char *name, const char *arg, bool *flag)
+int kilnc_flag(const char *cmd, const char *name, const char *arg, bool *flag)
 {
 	if (strcmp(arg, name) != 0)
 		return 0;
 	if (*flag) {
-		kilnc_usage_error("%s given twice", name);
+		option_error(cmd, "%s given twice", name);
 		return KILNC_EXIT_USAGE;
 	}
 	*flag = true;

@@ -536,9 +536,9 @@ int kilnc_inspect(int argc, char **argv)
 		char eb[200], eb2[200]; /* arguments, escaped for a message */
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
 			return kilnc_help_blob("inspect"), KILNC_EXIT_OK;
-		int m = kilnc_flag("--json", a, &json);
+		int m = kilnc_flag("inspect", "--json", a, &json);
 		if (m == 0)
-			m = kilnc_flag("--templates", a, &templates);
+			m = kilnc_flag("inspect", "--templates", a, &templates);
 		if (m == KILNC_EXIT_USAGE)
 			return m;
 		if (m) {
@@ -634,7 +634,7 @@ int kilnc_select(int argc, char **argv)
 		                        &o.load, &o.free_arg, &o.pending};
 		int m = 0;
 		for (int k = 0; k < 7 && m == 0; k++)
-			m = kilnc_option_value(names[k], argc, argv, &i, slots[k]);
+			m = kilnc_option_value("select", names[k], argc, argv, &i, slots[k]);
 		if (m == KILNC_EXIT_USAGE)
 			return m;
 		if (m)
@@ -642,7 +642,7 @@ int kilnc_select(int argc, char **argv)
 		char eb[200], eb2[200]; /* arguments, escaped for a message */
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
 			return kilnc_help_blob("select"), KILNC_EXIT_OK;
-		if ((m = kilnc_flag("--json", a, &o.json)) != 0) {
+		if ((m = kilnc_flag("select", "--json", a, &o.json)) != 0) {
 			if (m == KILNC_EXIT_USAGE)
 				return m;
 		} else if (a[0] == '-' && a[1]) {

@@ -30,6 +30,14 @@
  * that divides tp x dp, up to this (docs/cli.md, --ep); --ep sets any
  * other. */
 #define HF_DEFAULT_EP_MAX 64
+/* Every size a config gives (widths, head, expert and layer counts, ranks)
+ * is at most 2^24, a hundred times the largest public one (vocab_size
+ * 202048): an absurd size (2^32 heads) is refused here rather than
+ * imported, where the frontend bounds only the byte sizes it computes;
+ * positions (max_position_embeddings, sliding_window) at most
+ * 2^53, integers a JSON number holds exactly. */
+#define HF_MAX_DIM ((int64_t)1 << 24)
+#define HF_MAX_POSITIONS ((int64_t)1 << 53)
 
 /* The help text keeps its lines as printed. */
 /* clang-format off */
@@ -99,6 +107,10 @@ typedef struct shape {
 	/* GPT-OSS: a clamped quick GeGLU and biases on every linear layer
 	 * (Megatron-Bridge's gpt_oss_bridge.py; docs/model-format.md). */
 	bool quick_geglu_bias;
+	/* For the notes: tied embeddings, multi-token prediction layers, a
+	 * sliding window on some layer. */
+	bool tied, sliding;
+	int64_t mtp;
 } shape;
 
 /* Reading one config: every problem is reported, then the import stops. */
@@ -121,47 +133,105 @@ static void bad(reader *r, const char *fmt, ...)
 	r->errors++;
 }
 
-/* Integer field key: *out, or dflt when absent or null (missing is an error
- * when required). Fields are non-negative integers below 2^53. */
-static int64_t field(reader *r, const char *key, bool required, int64_t dflt)
+/* How a field may be absent: required ones are named when missing;
+ * NULLABLE ones may be null, which means absent (Hugging Face writes null
+ * for "none" there); any other present value of the wrong type is an
+ * error naming the field and the type expected. */
+enum { OPTIONAL = 0, REQUIRED = 1, NULLABLE = 2 };
+
+/* Integer field key in [lo, hi] (lo is 0 or 1): its value, or dflt when
+ * absent. A bad value is reported once, and dflt returned. */
+static int64_t int_field(reader *r, const char *key, int how, int64_t lo, int64_t hi, int64_t dflt)
 {
 	const kiln_json *v = kiln_json_get(r->c, key);
-	if (!v || kiln_json_is_null(v)) {
-		if (required)
+	const char *what =
+	    lo > 0 ? (how & NULLABLE ? "a positive integer or null" : "a positive integer")
+	    : how & NULLABLE ? "a non-negative integer or null"
+	                     : "a non-negative integer";
+	if (!v || ((how & NULLABLE) && kiln_json_is_null(v))) {
+		if (how & REQUIRED)
 			bad(r, "missing required field '%s'", key);
 		return dflt;
 	}
-	double x = kiln_json_number(v);
-	if (!kiln_json_is_number(v) || !(x >= 0 && x <= 9007199254740992.0) || x != floor(x)) {
-		if (kiln_json_is_number(v))
-			bad(r, "field '%s' is %g, not a non-negative integer", key, x);
-		else
-			bad(r, "field '%s' is not a number", key);
+	if (!kiln_json_is_number(v)) {
+		bad(r, "field '%s' is %s, expected %s", key, kiln_json_kind(v), what);
 		return dflt;
 	}
-	return (int64_t)x;
+	double x = kiln_json_number(v);
+	if (x != floor(x) || x < 0)
+		bad(r, "field '%s' is %g, not %s", key, x, what);
+	else if (x < (double)lo)
+		bad(r, "field '%s' is 0, must be positive", key);
+	else if (x > (double)hi)
+		bad(r,
+		    x < 1e18 ? "field '%s' is %.0f, over kiln's bound of %lld for it"
+		             : "field '%s' is %g, over kiln's bound of %lld for it",
+		    key, x, (long long)hi);
+	else
+		return (int64_t)x;
+	return dflt;
 }
 
-/* A required positive integer. */
-static int64_t positive(reader *r, const char *key)
+/* A required size of the model (a width, a count, a rank). */
+static int64_t dim(reader *r, const char *key)
 {
-	int64_t v = field(r, key, true, 0);
-	const kiln_json *j = kiln_json_get(r->c, key);
-	if (v == 0 && j && kiln_json_is_number(j))
-		bad(r, "field '%s' is 0, must be positive", key);
+	return int_field(r, key, REQUIRED, 1, HF_MAX_DIM, 0);
+}
+
+/* Boolean field key: its value, or false when absent. */
+static bool bool_field(reader *r, const char *key)
+{
+	const kiln_json *v = kiln_json_get(r->c, key);
+	if (v && !kiln_json_is_bool(v))
+		bad(r, "field '%s' is %s, expected a boolean (true or false)", key,
+		    kiln_json_kind(v));
+	return kiln_json_bool(v);
+}
+
+/* String field key: its value (borrowed from the document), or NULL when
+ * absent. */
+static const char *string_field(reader *r, const char *key)
+{
+	const kiln_json *v = kiln_json_get(r->c, key);
+	if (v && !kiln_json_string(v))
+		bad(r, "field '%s' is %s, expected a string", key, kiln_json_kind(v));
+	return kiln_json_string(v);
+}
+
+/* Array field key: the array, or NULL when absent (or not an array, after
+ * reporting). */
+static const kiln_json *array_field(reader *r, const char *key, const char *of)
+{
+	const kiln_json *v = kiln_json_get(r->c, key);
+	if (v && !kiln_json_is_array(v)) {
+		bad(r, "field '%s' is %s, expected an array of %s", key, kiln_json_kind(v), of);
+		return NULL;
+	}
 	return v;
 }
 
-/* mlp_only_layers (qwen MoE): dense layers must be the first k. Returns k. */
+/* mlp_only_layers (qwen MoE): layer indices, the dense layers, which must
+ * be the first k. Returns k. */
 static int64_t dense_prefix(reader *r, const char *key)
 {
-	const kiln_json *a = kiln_json_get(r->c, key);
-	if (!a || kiln_json_is_null(a))
-		return 0;
+	const kiln_json *a = array_field(r, key, "layer indices");
 	int n = kiln_json_size(a);
 	for (int i = 0; i < n; i++) {
-		double x = kiln_json_number(kiln_json_at(a, i));
-		if (x != i) {
+		const kiln_json *e = kiln_json_at(a, i);
+		double x = kiln_json_number(e);
+		if (!kiln_json_is_number(e) || x != floor(x) || !(x >= 0 && x <= HF_MAX_DIM)) {
+			char what[32];
+			if (kiln_json_is_number(e))
+				snprintf(what, sizeof what, "%g", x);
+			bad(r,
+			    "element %d of field '%s' is %s, not a non-negative integer (a layer "
+			    "index)",
+			    i, key, kiln_json_is_number(e) ? what : kiln_json_kind(e));
+			return 0;
+		}
+	}
+	for (int i = 0; i < n; i++)
+		if (kiln_json_number(kiln_json_at(a, i)) != i) {
 			bad(r,
 			    "field '%s' lists dense layers other than the first ones (element %d); "
 			    "kiln "
@@ -169,66 +239,89 @@ static int64_t dense_prefix(reader *r, const char *key)
 			    key, i);
 			return 0;
 		}
-	}
 	return n;
 }
 
-static bool is_true(const reader *r, const char *key)
+/* Whether some layer has sliding-window attention: a window of at least
+ * one token (sliding_window; null: none; gpt-oss's default 128), not
+ * turned off (use_sliding_window false, as Qwen configs write), and, where
+ * layer_types lists the layers, one of them "sliding_attention" (gpt-oss
+ * alternates by default). */
+static bool sliding(reader *r, family f)
 {
-	return kiln_json_bool(kiln_json_get(r->c, key));
+	const kiln_json *w = kiln_json_get(r->c, "sliding_window");
+	int64_t window = kiln_json_is_null(w)
+	                     ? 0
+	                     : int_field(r, "sliding_window", NULLABLE, 0, HF_MAX_POSITIONS,
+	                                 f == FAM_GPT_OSS ? 128 : 0);
+	bool off =
+	    kiln_json_get(r->c, "use_sliding_window") && !bool_field(r, "use_sliding_window");
+	const kiln_json *types = array_field(r, "layer_types", "strings");
+	bool any = !types && f == FAM_GPT_OSS;
+	for (int i = 0; i < kiln_json_size(types); i++) {
+		const char *t = kiln_json_string(kiln_json_at(types, i));
+		if (!t) {
+			bad(r, "element %d of field 'layer_types' is %s, expected a string", i,
+			    kiln_json_kind(kiln_json_at(types, i)));
+			return false;
+		}
+		any |= strcmp(t, "sliding_attention") == 0;
+	}
+	return window > 0 && !off && (types ? any : true);
 }
 
 /* Reads the shapes of family f. Returns 0, or -1 after reporting. */
 static int read_shape(reader *r, family f, shape *s)
 {
 	*s = (shape){0};
-	s->hidden = positive(r, "hidden_size");
-	s->layers = positive(r, "num_hidden_layers");
-	s->heads = positive(r, "num_attention_heads");
-	s->vocab = positive(r, "vocab_size");
-	s->kv_heads = field(r, "num_key_value_heads", false, s->heads);
-	s->max_pos = field(r, "max_position_embeddings", false, 0);
-	s->head_dim = field(r, "head_dim", false, 0);
-	const char *act = kiln_json_string(kiln_json_get(r->c, "hidden_act"));
+	s->hidden = dim(r, "hidden_size");
+	s->layers = dim(r, "num_hidden_layers");
+	s->heads = dim(r, "num_attention_heads");
+	s->vocab = dim(r, "vocab_size");
+	s->kv_heads = int_field(r, "num_key_value_heads", OPTIONAL, 1, HF_MAX_DIM, s->heads);
+	s->max_pos = int_field(r, "max_position_embeddings", OPTIONAL, 1, HF_MAX_POSITIONS, 0);
+	s->head_dim = int_field(r, "head_dim", OPTIONAL, 1, HF_MAX_DIM, 0);
+	s->tied = bool_field(r, "tie_word_embeddings");
+	s->mtp = int_field(r, "num_nextn_predict_layers", OPTIONAL, 0, HF_MAX_DIM, 0);
+	s->sliding = sliding(r, f);
+	const char *act = string_field(r, "hidden_act");
 	if (act && f != FAM_GPT_OSS && strcmp(act, "silu") != 0 && strcmp(act, "swish") != 0) {
 		char esc[64];
-		fprintf(
-		    stderr,
-		    "%s: error: hidden_act '%s': the %s family's gated MLP is modelled as SwiGLU "
-		    "(silu) only\n",
-		    r->path, kiln_text_escape(act, strlen(act), sizeof esc, esc), r->model_type);
-		r->errors++;
+		bad(r,
+		    "field 'hidden_act' is '%s': kiln models this family's gated MLP as SwiGLU "
+		    "(silu) only",
+		    kiln_text_escape(act, strlen(act), sizeof esc, esc));
 	}
 	switch (f) {
 	case FAM_DEEPSEEK: {
 		s->moe = s->mla = true;
-		s->ffn = positive(r, "intermediate_size");
-		s->experts = positive(r, "n_routed_experts");
-		s->shared = field(r, "n_shared_experts", false, 0);
-		s->top_k = positive(r, "num_experts_per_tok");
-		s->expert_ffn = positive(r, "moe_intermediate_size");
-		s->dense_layers = field(r, "first_k_dense_replace", false, 0);
-		int64_t freq = field(r, "moe_layer_freq", false, 1);
+		s->ffn = dim(r, "intermediate_size");
+		s->experts = dim(r, "n_routed_experts");
+		s->shared = int_field(r, "n_shared_experts", OPTIONAL, 0, HF_MAX_DIM, 0);
+		s->top_k = dim(r, "num_experts_per_tok");
+		s->expert_ffn = dim(r, "moe_intermediate_size");
+		s->dense_layers = int_field(r, "first_k_dense_replace", OPTIONAL, 0, HF_MAX_DIM, 0);
+		int64_t freq = int_field(r, "moe_layer_freq", OPTIONAL, 0, HF_MAX_DIM, 1);
 		if (freq != 1)
 			bad(r,
 			    "field 'moe_layer_freq' is %lld: kiln models every layer after the "
 			    "dense "
 			    "ones as MoE",
 			    (long long)freq);
-		s->q_lora = field(r, "q_lora_rank", false, 0);
-		s->kv_lora = positive(r, "kv_lora_rank");
-		s->rope = positive(r, "qk_rope_head_dim");
-		s->v_head = positive(r, "v_head_dim");
-		s->head_dim = positive(r, "qk_nope_head_dim");
+		s->q_lora = int_field(r, "q_lora_rank", NULLABLE, 0, HF_MAX_DIM, 0);
+		s->kv_lora = dim(r, "kv_lora_rank");
+		s->rope = dim(r, "qk_rope_head_dim");
+		s->v_head = dim(r, "v_head_dim");
+		s->head_dim = dim(r, "qk_nope_head_dim");
 		s->kv_heads = s->heads;
 		break;
 	}
 	case FAM_QWEN_MOE: {
 		s->moe = true;
-		s->experts = positive(r, "num_experts");
-		s->top_k = positive(r, "num_experts_per_tok");
-		s->expert_ffn = positive(r, "moe_intermediate_size");
-		int64_t step = field(r, "decoder_sparse_step", false, 1);
+		s->experts = dim(r, "num_experts");
+		s->top_k = dim(r, "num_experts_per_tok");
+		s->expert_ffn = dim(r, "moe_intermediate_size");
+		int64_t step = int_field(r, "decoder_sparse_step", OPTIONAL, 0, HF_MAX_DIM, 1);
 		if (step != 1)
 			bad(r,
 			    "field 'decoder_sparse_step' is %lld: kiln models every layer after "
@@ -237,15 +330,17 @@ static int read_shape(reader *r, family f, shape *s)
 			    (long long)step);
 		s->dense_layers = dense_prefix(r, "mlp_only_layers");
 		if (s->dense_layers > 0)
-			s->ffn = positive(r, "intermediate_size");
-		int64_t shared = field(r, "shared_expert_intermediate_size", false, 0);
+			s->ffn = dim(r, "intermediate_size");
+		int64_t shared =
+		    int_field(r, "shared_expert_intermediate_size", OPTIONAL, 0, HF_MAX_DIM, 0);
 		if (shared > 0 && s->expert_ffn > 0) {
 			if (shared % s->expert_ffn != 0)
 				bad(r,
 				    "field 'shared_expert_intermediate_size' is %lld, not a "
 				    "multiple of "
 				    "moe_intermediate_size %lld: kiln models shared experts as "
-				    "whole experts",
+				    "whole "
+				    "experts",
 				    (long long)shared, (long long)s->expert_ffn);
 			s->shared = shared / s->expert_ffn;
 		}
@@ -255,12 +350,12 @@ static int read_shape(reader *r, family f, shape *s)
 	case FAM_GPT_OSS:
 		s->quick_geglu_bias = f == FAM_GPT_OSS;
 		s->moe = true;
-		s->experts = positive(r, "num_local_experts");
-		s->top_k = positive(r, "num_experts_per_tok");
-		s->expert_ffn = positive(r, "intermediate_size");
+		s->experts = dim(r, "num_local_experts");
+		s->top_k = dim(r, "num_experts_per_tok");
+		s->expert_ffn = dim(r, "intermediate_size");
 		break;
 	case FAM_DENSE:
-		s->ffn = positive(r, "intermediate_size");
+		s->ffn = dim(r, "intermediate_size");
 		s->dense_layers = s->layers;
 		break;
 	}
@@ -271,30 +366,27 @@ static int read_shape(reader *r, family f, shape *s)
 
 /* Notes on what the description leaves out; they change no figure kiln
  * cannot model. */
-static void notes(const reader *r, family f, const shape *s)
+static void notes(const reader *r, const shape *s)
 {
-	if (is_true(r, "tie_word_embeddings"))
+	char esc[160];
+	const char *path = kiln_text_escape(r->path, strlen(r->path), sizeof esc, esc);
+	if (s->tied)
 		fprintf(
 		    stderr,
 		    "kilnc: note: %s ties its input embedding and output layer; kiln counts them "
 		    "apart, so its parameters and static bytes are high by vocab x hidden = %lld "
 		    "weights\n",
-		    r->path, (long long)(s->vocab * s->hidden));
-	double mtp = kiln_json_number(kiln_json_get(r->c, "num_nextn_predict_layers"));
-	if (mtp > 0)
-		fprintf(
-		    stderr,
-		    "kilnc: note: %s has %.0f multi-token prediction layer(s); kiln describes the "
-		    "main model only\n",
-		    r->path, mtp);
-	/* Qwen configs give a window with use_sliding_window false: not used. */
-	const kiln_json *use = kiln_json_get(r->c, "use_sliding_window");
-	if (f == FAM_GPT_OSS || (kiln_json_is_number(kiln_json_get(r->c, "sliding_window")) &&
-	                         !(kiln_json_is_bool(use) && !kiln_json_bool(use))))
+		    path, (long long)(s->vocab * s->hidden));
+	if (s->mtp > 0)
+		fprintf(stderr,
+		        "kilnc: note: %s has %lld multi-token prediction layer(s); kiln describes "
+		        "the main model only\n",
+		        path, (long long)s->mtp);
+	if (s->sliding)
 		fprintf(stderr,
 		        "kilnc: note: %s has sliding-window attention layers; kiln models every "
 		        "layer's attention as full causal attention\n",
-		        r->path);
+		        path);
 }
 
 /* ---------------------------------------------------------------- options */
@@ -410,6 +502,24 @@ static int check_layout(layout *L, const shape *s)
 
 /* ---------------------------------------------------------------- writing */
 
+/* Writes s as a YAML double-quoted scalar, so that no byte of a path
+ * (" #", ": ", quotes, a backslash, a leading '-' or '&') is read as YAML
+ * syntax: '"' and '\\' are escaped, control bytes written as \xNN (which
+ * the frontend then refuses by name), every other byte as it is. */
+static void yaml_quoted(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			fprintf(f, "\\%c", *p);
+		else if (*p < 0x20 || *p == 0x7f)
+			fprintf(f, "\\x%02x", *p);
+		else
+			fputc(*p, f);
+	}
+	fputc('"', f);
+}
+
 typedef struct doc {
 	const shape *s;
 	const layout *L;
@@ -471,7 +581,9 @@ static int write_yaml(FILE *f, void *ctx)
 		fprintf(f, "  schedule: interleaved\n  vpp: %lld\n", (long long)L->vpp);
 	else
 		fputs("  schedule: 1f1b\n", f);
-	fprintf(f, "hardware: %s\n", d->hardware);
+	fputs("hardware: ", f);
+	yaml_quoted(f, d->hardware);
+	fputc('\n', f);
 	return 0;
 }
 
@@ -489,7 +601,7 @@ static int parse(int argc, char **argv, const char **config, layout *L)
 		const char *a = argv[i];
 		int m = 0;
 		for (int k = 0; k < 10 && m == 0; k++)
-			m = kilnc_option_value(names[k], argc, argv, &i, &v[k]);
+			m = kilnc_option_value("import", names[k], argc, argv, &i, &v[k]);
 		if (m == KILNC_EXIT_USAGE)
 			return m;
 		if (m)
@@ -503,8 +615,8 @@ static int parse(int argc, char **argv, const char **config, layout *L)
 					return KILNC_EXIT_USAGE;
 				}
 				o = argv[++i];
-			} else if ((m = kilnc_option_value("--output", argc, argv, &i, &o)) ==
-			           KILNC_EXIT_USAGE) {
+			} else if ((m = kilnc_option_value("import", "--output", argc, argv, &i,
+			                                   &o)) == KILNC_EXIT_USAGE) {
 				return m;
 			}
 			if (L->out) {
@@ -570,12 +682,20 @@ int kilnc_import(int argc, char **argv)
 	size_t len;
 	if ((rc = kilnc_read_file(config, HF_MAX_BYTES, &text, &len)) != KILNC_EXIT_OK)
 		return rc;
-	kiln_json *root = kiln_json_parse(text, len);
+	kiln_json_error jerr;
+	kiln_json *root = kiln_json_parse_strict(text, len, &jerr);
 	free(text);
-	if (!root || !kiln_json_is_object(root)) {
+	char shown[200];
+	if (!root) {
+		fprintf(stderr, "%s:%d:%d: error: %s\n", kilnc_shown(config, shown, sizeof shown),
+		        jerr.line, jerr.col, jerr.reason);
+		return KILNC_EXIT_INPUT;
+	}
+	if (!kiln_json_is_object(root)) {
 		fprintf(stderr,
-		        "kilnc: error: %s: not a JSON object (a Hugging Face config.json)\n",
-		        config);
+		        "%s: error: the JSON value is %s, not an object (a Hugging Face "
+		        "config.json)\n",
+		        kilnc_shown(config, shown, sizeof shown), kiln_json_kind(root));
 		kiln_json_free(root);
 		return KILNC_EXIT_INPUT;
 	}
@@ -584,16 +704,35 @@ int kilnc_import(int argc, char **argv)
 	size_t ylen = 0;
 	kiln_arena *a = NULL;
 	/* Multimodal configs carry the language model in text_config. */
-	const kiln_json *c = root;
-	if (kiln_json_is_object(kiln_json_get(root, "text_config")))
-		c = kiln_json_get(root, "text_config");
+	const kiln_json *tc = kiln_json_get(root, "text_config");
+	const kiln_json *c = kiln_json_is_object(tc) ? tc : root;
+	/* The fields read before the family is known, typed as the others. */
+	static const struct {
+		const char *key, *kind;
+		bool (*is)(const kiln_json *);
+	} top[] = {{"text_config", "an object", kiln_json_is_object},
+	           {"_name_or_path", "a string", kiln_json_is_string},
+	           {"model_type", "a string", kiln_json_is_string}};
+	bool typed = true;
+	for (size_t k = 0; k < sizeof top / sizeof *top; k++) {
+		const kiln_json *v = kiln_json_get(k == 2 ? c : root, top[k].key);
+		if (v && !top[k].is(v)) {
+			fprintf(stderr, "%s: error: field '%s' is %s, expected %s\n",
+			        kilnc_shown(config, shown, sizeof shown), top[k].key,
+			        kiln_json_kind(v), top[k].kind);
+			typed = false;
+		}
+	}
+	if (!typed)
+		goto done;
 	const char *type = kiln_json_string(kiln_json_get(c, "model_type"));
 	size_t fam = 0;
 	while (type && fam < N_FAMILIES && strcmp(FAMILIES[fam].model_type, type) != 0)
 		fam++;
 	if (!type || fam == N_FAMILIES) {
 		char esc[64];
-		fprintf(stderr, "kilnc: error: %s: %s%s%s; kiln imports", config,
+		fprintf(stderr, "%s: error: %s%s%s; kiln imports",
+		        kilnc_shown(config, shown, sizeof shown),
 		        type ? "model_type '" : "no model_type",
 		        type ? kiln_text_escape(type, strlen(type), sizeof esc, esc) : "",
 		        type ? "' is not a family kiln knows" : "");
@@ -619,8 +758,8 @@ int kilnc_import(int argc, char **argv)
 	snprintf(hw, sizeof hw, "%s", L.hardware);
 	if (strchr(L.hardware, '/') || strstr(L.hardware, ".yaml") || strstr(L.hardware, ".yml")) {
 		if (!realpath(L.hardware, hw)) {
-			fprintf(stderr, "kilnc: error: --hardware %s: %s\n", L.hardware,
-			        strerror(errno));
+			fprintf(stderr, "kilnc: error: --hardware %s: %s\n",
+			        kilnc_shown(L.hardware, shown, sizeof shown), strerror(errno));
 			goto done;
 		}
 	}
@@ -645,10 +784,17 @@ int kilnc_import(int argc, char **argv)
 		fprintf(stderr,
 		        "kilnc: error: the description imported from %s with these options is "
 		        "invalid (above; the lines are those of the YAML it would write)\n",
-		        config);
+		        kilnc_shown(config, shown, sizeof shown));
 		goto done;
 	}
-	notes(&r, FAMILIES[fam].kind, &s);
+	/* The profile file the description names is an input too: -o (or
+	 * stdout redirected) may not name it, as a symlink or hard link
+	 * neither. Checked against the file the frontend read. */
+	if (kilnc_check_outputs(&in, 1, m, &out, 1) != KILNC_EXIT_OK) {
+		rc = KILNC_EXIT_USAGE;
+		goto done;
+	}
+	notes(&r, &s);
 	if (L.out) {
 		if (kiln_out_write("kilnc", L.out, write_yaml, &d, stderr) != 0)
 			goto done;

@@ -221,14 +221,14 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 		int m = 0;
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
 			out->help = true;
-		} else if (allow_json && (m = kilnc_flag("--json", a, &out->json)) != 0) {
+		} else if (allow_json && (m = kilnc_flag(NULL, "--json", a, &out->json)) != 0) {
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
-		} else if (allow_dump && (m = kilnc_option_value("--dump-after", argc, argv, &i,
-		                                                 &out->dump_after)) != 0) {
+		} else if (allow_dump && (m = kilnc_option_value(NULL, "--dump-after", argc, argv,
+		                                                 &i, &out->dump_after)) != 0) {
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
-		} else if (allow_solver && (m = kilnc_option_value("--solver", argc, argv, &i,
+		} else if (allow_solver && (m = kilnc_option_value(NULL, "--solver", argc, argv, &i,
 		                                                   &out->solver)) != 0) {
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
@@ -239,11 +239,14 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 				return EXIT_USAGE;
 			}
 		} else if (allow_solver && strncmp(a, "--emit-", 7) == 0) {
-			m = kilnc_option_value("--emit-mlir", argc, argv, &i, &out->emit_mlir);
+			m = kilnc_option_value(NULL, "--emit-mlir", argc, argv, &i,
+			                       &out->emit_mlir);
 			if (m == 0)
-				m = kilnc_option_value("--emit-trace", argc, argv, &i, &out->emit_trace);
+				m = kilnc_option_value(NULL, "--emit-trace", argc, argv, &i,
+				                       &out->emit_trace);
 			if (m == 0)
-				m = kilnc_option_value("--emit-svg", argc, argv, &i, &out->emit_svg);
+				m = kilnc_option_value(NULL, "--emit-svg", argc, argv, &i,
+				                       &out->emit_svg);
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 			if (m == 0) {
@@ -263,7 +266,7 @@ static int parse_args(const char *cmd, int argc, char **argv, bool allow_json, b
 			}
 			out->blob = argv[++i];
 		} else if (allow_solver && strncmp(a, "--output", 8) == 0) {
-			m = kilnc_option_value("--output", argc, argv, &i, &out->blob);
+			m = kilnc_option_value(NULL, "--output", argc, argv, &i, &out->blob);
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 			if (m == 0) {
@@ -607,7 +610,7 @@ static int cmd_viz(int argc, char **argv)
 				return EXIT_USAGE;
 			}
 			out = argv[++i];
-		} else if ((m = kilnc_option_value("--output", argc, argv, &i, &out)) != 0) {
+		} else if ((m = kilnc_option_value(NULL, "--output", argc, argv, &i, &out)) != 0) {
 			if (m == EXIT_USAGE)
 				return EXIT_USAGE;
 		} else if (a[0] == '-' && a[1] != '\0') {

@@ -337,7 +337,7 @@ kiln_out *kiln_out_open(const char *prog, const char *path, FILE *err)
 		free(o);
 		return NULL;
 	}
-	bool exists = stat(o->target, &st) == 0;
+	bool exists = stat(o->target, &st) == 0, temp_failed = false;
 	const char *refuse = NULL;
 	if (exists && S_ISDIR(st.st_mode))
 		refuse = "it is a directory";
@@ -361,6 +361,7 @@ kiln_out *kiln_out_open(const char *prog, const char *path, FILE *err)
 		o->fd = -1;
 	} else {
 		o->fd = make_temp(o);
+		temp_failed = o->fd < 0;
 		if (o->fd >= 0) {
 			/* mkstemp makes the file 0600: give it the existing file's mode,
 			 * or what a plain creat would. */
@@ -388,7 +389,21 @@ kiln_out *kiln_out_open(const char *prog, const char *path, FILE *err)
 			close(o->fd);
 	}
 	if (!o->f) {
-		report(o, err, errno);
+		if (temp_failed && errno != EMFILE) {
+			/* The target itself may well be writable (/proc/version, as
+			 * root): say which step failed, in which directory. */
+			int e = errno;
+			const char *slash = strrchr(o->target, '/');
+			int dir_len =
+			    slash ? (slash == o->target ? 1 : (int)(slash - o->target)) : 1;
+			fprintf(
+			    err,
+			    "%s: error: cannot write %s: cannot create a temporary file in %.*s "
+			    "(kiln writes one there and renames it over the target): %s\n",
+			    prog, path, dir_len, slash ? o->target : ".", strerror(e));
+		} else {
+			report(o, err, errno);
+		}
 		if (o->tmp) {
 			unlink(o->tmp);
 			forget_temp(o);

@@ -309,17 +309,17 @@ int kilnc_simulate(int argc, char **argv)
 		                        &groups, &restart, &ckpt, &trace, &emit_loads};
 		int m = 0;
 		for (int k = 0; k < 10 && m == 0; k++)
-			m = kilnc_option_value(names[k], argc, argv, &i, slots[k]);
+			m = kilnc_option_value("simulate", names[k], argc, argv, &i, slots[k]);
 		if (m == KILNC_EXIT_USAGE)
 			return m;
 		if (m)
 			continue;
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
 			return kilnc_help_simulate();
-		if ((m = kilnc_flag("--json", a, &json)) != 0 ||
-		    (m = kilnc_flag("--exact", a, &exact)) != 0 ||
-		    (m = kilnc_flag("--no-group-counts", a, &no_group)) != 0 ||
-		    (m = kilnc_flag("--no-slack", a, &no_slack)) != 0) {
+		if ((m = kilnc_flag("simulate", "--json", a, &json)) != 0 ||
+		    (m = kilnc_flag("simulate", "--exact", a, &exact)) != 0 ||
+		    (m = kilnc_flag("simulate", "--no-group-counts", a, &no_group)) != 0 ||
+		    (m = kilnc_flag("simulate", "--no-slack", a, &no_slack)) != 0) {
 			if (m == KILNC_EXIT_USAGE)
 				return m;
 		} else if (a[0] == '-' && a[1])

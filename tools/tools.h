@@ -19,13 +19,16 @@ enum { KILNC_EXIT_OK = 0, KILNC_EXIT_INPUT = 1, KILNC_EXIT_USAGE = 2, KILNC_EXIT
 
 /* args.c: matches "--NAME V" and "--NAME=V" at argv[*i]; sets *out
  * (advancing *i past V). Returns 1 when matched, 0 when not, and
- * KILNC_EXIT_USAGE (reported on stderr) when V is missing or empty or NAME
- * was given before. */
-int kilnc_option_value(const char *name, int argc, char **argv, int *i, const char **out);
+ * KILNC_EXIT_USAGE (reported on stderr, with "Try 'kilnc help CMD'." or,
+ * cmd NULL, "Try 'kilnc --help'.") when V is missing or empty or NAME was
+ * given before. */
+int kilnc_option_value(const char *cmd, const char *name, int argc, char **argv, int *i,
+                       const char **out);
 /* args.c: matches the flag NAME at arg and sets *flag. Returns 1 when
- * matched, 0 when not, and KILNC_EXIT_USAGE (reported) when *flag was set
- * already: every option of kilnc is given at most once (docs/cli.md). */
-int kilnc_flag(const char *name, const char *arg, bool *flag);
+ * matched, 0 when not, and KILNC_EXIT_USAGE (reported as above) when *flag
+ * was set already: every option of kilnc is given at most once
+ * (docs/cli.md). */
+int kilnc_flag(const char *cmd, const char *name, const char *arg, bool *flag);
 /* args.c: "kilnc: error: MESSAGE" and "Try 'kilnc help CMD'." on stderr. */
 void kilnc_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* args.c: "kilnc: error: " fmt with its one %s, arg (from the command line,
