@@ -458,30 +458,30 @@ Test(import, json_errors_have_a_position_and_a_reason)
 
 /* A small config of each kind, with extra (", KEY: VALUE") before its
  * closing brace; caller frees. */
-static char *qwen_with(const char *extra)
+static char *config_with(const char *body, const char *extra)
 {
 	char *t = malloc(1024);
 	cr_assert_not_null(t);
-	cr_assert(snprintf(t, 1024,
-	                   "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, "
+	cr_assert(snprintf(t, 1024, "{%s%s}", body, extra) < 1024);
+	return t;
+}
+
+static char *qwen_with(const char *extra)
+{
+	return config_with("\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, "
 	                   "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"vocab_size\": "
 	                   "256, \"num_experts\": 8, \"num_experts_per_tok\": 2, "
-	                   "\"moe_intermediate_size\": 32, \"intermediate_size\": 128%s}",
-	                   extra) < 1024);
-	return t;
+	                   "\"moe_intermediate_size\": 32, \"intermediate_size\": 128",
+	                   extra);
 }
 
 static char *gpt_oss_with(const char *extra)
 {
-	char *t = malloc(1024);
-	cr_assert_not_null(t);
-	cr_assert(snprintf(t, 1024,
-	                   "{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, "
+	return config_with("\"model_type\": \"gpt_oss\", \"hidden_size\": 64, "
 	                   "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"vocab_size\": "
 	                   "256, \"num_local_experts\": 8, \"num_experts_per_tok\": 2, "
-	                   "\"intermediate_size\": 32%s}",
-	                   extra) < 1024);
-	return t;
+	                   "\"intermediate_size\": 32",
+	                   extra);
 }
 
 /* A field kiln reads that is present with the wrong type is an error that
