@@ -97,7 +97,12 @@ class Recorder:
         for r, row in items:
             counts = _counts(row, "tokens_per_expert" if rank is not None
                              else "tokens_per_expert[%d]" % r)
-            width = self.experts if self.experts is not None else len(counts)
+            if self.experts is not None:
+                width = self.experts
+            elif staged:  # the first record's first row sets the width for the rest
+                width = len(staged[0][1])
+            else:
+                width = len(counts)
             if width == 0 or len(counts) != width:
                 raise ValueError("tokens_per_expert has %d counts; the trace has %d per row" % (
                     len(counts), width))

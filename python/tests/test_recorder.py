@@ -127,3 +127,15 @@ def test_bad_records(tmp_path):
             r2.record(0, 0, 1, 0, [1, 2])
             raise RuntimeError("boom")
     assert not (tmp_path / "failed.csv").exists()
+
+
+def test_ragged_first_record_is_refused(tmp_path):
+    # The first record's first row sets the width, within that record too.
+    rec = Recorder(tmp_path / "r.csv", layers=[1])
+    with pytest.raises(ValueError, match="1 counts; the trace has 2"):
+        rec.record(0, 0, 1, None, [[1, 2], [3]])
+    assert len(rec) == 0 and rec.experts is None
+    with pytest.raises(ValueError, match="3 counts; the trace has 2"):
+        rec.record(0, 0, 1, None, Counts([[1, 2], [3, 4, 5]]))
+    rec.record(0, 0, 1, None, [[1, 2], [3, 4]])
+    assert rec.experts == 2
