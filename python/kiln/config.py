@@ -72,11 +72,43 @@ def find_kilnc():
         "e.g. build/kilnc" % (", ".join(looked) or "KILN_KILNC"))
 
 
+def _path(v, what):
+    """A path argument as kilnc must see it: str or os.PathLike (bytes
+    decoded with os.fsdecode), never read as an option (a relative path
+    starting with '-' gets './'; kilnc has no '--' separator)."""
+    if not isinstance(v, (str, bytes, os.PathLike)):
+        raise TypeError("%s must be a path (str or os.PathLike), not %s" % (
+            what, type(v).__name__))
+    p = os.fsdecode(os.fspath(v))
+    if p == "":
+        raise ValueError("%s is an empty path" % what)
+    if "\0" in p:
+        raise ValueError("%s: embedded null byte" % what)
+    if p.startswith("-"):
+        p = "./" + p
+    return p
+
+
+def _arg(a, i):
+    if isinstance(a, os.PathLike):
+        return _path(a, "kilnc argument %d" % i)
+    if isinstance(a, (bytes, bytearray)):
+        a = os.fsdecode(bytes(a))
+    elif isinstance(a, bool) or not isinstance(a, (str, int, float)):
+        raise TypeError("kilnc argument %d must be str, bytes, os.PathLike, int or float, "
+                        "not %s" % (i, type(a).__name__))
+    a = str(a)
+    if "\0" in a:
+        raise ValueError("kilnc argument %d: embedded null byte" % i)
+    return a
+
+
 def kilnc(*args, check_status=True, timeout=None):
-    """Runs kilnc with args; returns its CompletedProcess (text). With
+    """Runs kilnc with args; returns its CompletedProcess (text). Arguments
+    are str, bytes (os.fsdecode), os.PathLike (a path: one starting with '-'
+    is passed as './-...'), int or float; anything else is a TypeError. With
     check_status, a non-zero exit raises KilncError with its stderr."""
-    argv = [find_kilnc(), *[os.fspath(a) if isinstance(a, os.PathLike) else str(a)
-                            for a in args]]
+    argv = [find_kilnc(), *[_arg(a, i) for i, a in enumerate(args)]]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if check_status and r.returncode != 0:
         raise KilncError(argv, r.returncode, r.stderr)
@@ -113,6 +145,10 @@ def import_hf(config, devices, tp=None, pp=None, ep=None, vpp=None, micro_batch=
             argv += [flag, os.fspath(v) if isinstance(v, os.PathLike) else str(v)]
         else:
             argv += [flag, _count(v, key)]
+    if not isinstance(config, dict):
+        _path(config, "config")
+    if output is not None:
+        _path(output, "output")
     tmp = None
     try:
         if isinstance(config, dict):
@@ -123,9 +159,9 @@ def import_hf(config, devices, tp=None, pp=None, ep=None, vpp=None, micro_batch=
             with open(path, "w") as f:
                 json.dump(config, f)
         else:
-            path = os.fspath(config)
+            path = _path(config, "config")
         if output is not None:
-            argv += ["-o", os.fspath(output)]
+            argv += ["-o", _path(output, "output")]
         r = kilnc("import", "hf", path, *argv)
     finally:
         if tmp is not None:
@@ -147,12 +183,15 @@ def _count(v, what):
 
 def check(model):
     """Runs `kilnc check` on a model description file; KilncError with its
-    positioned errors when the description is invalid."""
-    kilnc("check", model)
+    positioned errors when the description is invalid. model: str or
+    os.PathLike (TypeError otherwise); one starting with '-' is a file."""
+    kilnc("check", _path(model, "model"))
 
 
 def compile(model, output, *options):
     """Runs `kilnc compile MODEL -o OUTPUT [options...]`: the plan blob
-    kiln.runtime.Runtime opens. Returns output."""
-    kilnc("compile", model, "-o", output, *options)
+    kiln.runtime.Runtime opens. Returns output. model and output: str or
+    os.PathLike (TypeError otherwise, None included); a path starting with
+    '-' is a file, never an option."""
+    kilnc("compile", _path(model, "model"), "-o", _path(output, "output"), *options)
     return output

@@ -24,11 +24,16 @@ import tempfile
 
 from .runtime import _uint as _key  # the library loads on first use, not here
 
-__all__ = ["Recorder", "merge", "MAX_ROWS", "MAX_BYTES"]
+__all__ = ["Recorder", "merge", "MAX_ROWS", "MAX_BYTES", "MAX_COUNT"]
 
 # What kilnc simulate --loads reads (sim/sim.h KILN_LOAD_TRACE_MAX_ROWS, _BYTES).
 MAX_ROWS = 10_000_000
 MAX_BYTES = 256 << 20
+# The largest token count written. kilnc's trace reader takes a value of at
+# most 256 characters (docs/cli.md, "Numbers") that fits a double, and a row
+# whose sum is finite; counts below 10^15 (as kilnc's router-log converter
+# requires, docs/simulator.md) are all that and stay exact as doubles.
+MAX_COUNT = 10**15 - 1
 _MAX_ITERATION = 10**18 - 1
 _MAX_KEY = 2**31 - 2
 
@@ -43,6 +48,9 @@ def _counts(tokens, what):
                 what, i, type(c).__name__))
         if c < 0:
             raise ValueError("%s[%d] is %d, not a non-negative count" % (what, i, c))
+        if c > MAX_COUNT:
+            raise ValueError("%s[%d] is over %d, the largest count written" % (
+                what, i, MAX_COUNT))
     return tokens
 
 
@@ -97,7 +105,12 @@ class Recorder:
         for r, row in items:
             counts = _counts(row, "tokens_per_expert" if rank is not None
                              else "tokens_per_expert[%d]" % r)
-            width = self.experts if self.experts is not None else len(counts)
+            if self.experts is not None:
+                width = self.experts
+            elif staged:  # the first record's first row sets the width for the rest
+                width = len(staged[0][1])
+            else:
+                width = len(counts)
             if width == 0 or len(counts) != width:
                 raise ValueError("tokens_per_expert has %d counts; the trace has %d per row" % (
                     len(counts), width))
@@ -173,6 +186,16 @@ def _write(path, text):
         raise
 
 
+_KEYS = ["iteration", "microbatch", "layer", "rank"]
+
+
+def _check_header(path, line):
+    names = [x.strip() for x in line.split(",")]
+    if names[:4] != _KEYS or len(names) < 5 or not all(names[4:]):
+        raise ValueError("%s: not a load trace: expected the header "
+                         "'iteration,microbatch,layer,rank,...', got %r" % (path, line[:80]))
+
+
 def merge(paths, output):
     """Joins token traces written by kiln.recorder (one per process, say)
     into output: same columns required, a key in two files is a ValueError."""
@@ -183,13 +206,26 @@ def merge(paths, output):
             lines = [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
         if not lines:
             raise ValueError("%s: empty trace" % p)
+        _check_header(p, lines[0])
         if header is None:
             header = lines[0]
         elif lines[0] != header:
             raise ValueError("%s: header %r differs from %r" % (p, lines[0], header))
+        if len(lines) == 1:
+            raise ValueError("%s: no data rows after the header" % p)
+        width = len(lines[0].split(","))
         for ln in lines[1:]:
-            fields = ln.split(",")
-            key = tuple(int(x) for x in fields[:4])
+            fields = [x.strip() for x in ln.split(",")]
+            if len(fields) != width:
+                raise ValueError("%s: expected %d fields as in the header, got %d: %r" % (
+                    p, width, len(fields), ln))
+            try:
+                key = tuple(int(x) for x in fields[:4])
+            except ValueError:
+                key = (-1,)
+            if min(key) < 0:
+                raise ValueError("%s: a row's first four fields are not non-negative "
+                                 "integer keys: %r" % (p, ln))
             if key in rows:
                 raise ValueError("%s: iteration %d, micro-batch %d, layer %d, rank %d is in "
                                  "two traces" % ((p,) + key))

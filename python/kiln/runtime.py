@@ -15,6 +15,7 @@ records in kiln/_install.py); the loader's search path
 
 import ctypes
 import ctypes.util
+import collections.abc
 import os
 import types
 
@@ -256,8 +257,9 @@ def library_path():
 
 
 def strerror(code):
-    """kiln_rt_strerror's text for code (any int)."""
-    return _load().kiln_rt_strerror(int(code)).decode()
+    """kiln_rt_strerror's text for code, a 32-bit int (the C parameter's
+    type): ValueError beyond it, TypeError for a non-int or a bool."""
+    return _load().kiln_rt_strerror(_sint(code, "code")).decode()
 
 
 class KilnError(Exception):
@@ -281,7 +283,9 @@ def _check(rc, call, detail=None):
 
 
 def _uint(value, what, top=_U64_MAX):
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool):
+        raise TypeError("%s must be an int, not bool" % what)
+    if not isinstance(value, int):
         if hasattr(value, "__index__"):
             value = value.__index__()
         else:
@@ -292,7 +296,9 @@ def _uint(value, what, top=_U64_MAX):
 
 
 def _sint(value, what):
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool):
+        raise TypeError("%s must be an int, not bool" % what)
+    if not isinstance(value, int):
         if hasattr(value, "__index__"):
             value = value.__index__()
         else:
@@ -388,12 +394,23 @@ class Plan:
                     dict(self.actions)))
 
 
+def _sequence(values, what):
+    """values (a sequence of ints, or anything with .tolist()) as a list;
+    bytes-like, str, mappings and sets are a TypeError, not counts."""
+    if isinstance(values, (bytes, bytearray, memoryview, str, dict, set, frozenset)) or \
+            isinstance(values, collections.abc.Mapping):
+        raise TypeError("%s must be a sequence of ints (list, tuple, array, .tolist()), "
+                        "not %s" % (what, type(values).__name__))
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)):
+        values = list(values)
+    return values
+
+
 def _counts(tokens):
     """tokens per local expert as a list of ints (list, tuple, .tolist())."""
-    if hasattr(tokens, "tolist"):
-        tokens = tokens.tolist()
-    if not isinstance(tokens, (list, tuple)):
-        tokens = list(tokens)
+    tokens = _sequence(tokens, "tokens_per_expert")
     if tokens and isinstance(tokens[0], list):
         raise ValueError("tokens_per_expert must be one-dimensional (one count per local expert)")
     return tokens
@@ -448,13 +465,15 @@ class Runtime(_Closing):
             if path is None:
                 raise TypeError("Runtime() needs the path of a plan blob")
             p = os.fsencode(path)
+            if b"\0" in p:
+                raise ValueError("Runtime(): embedded null byte in the path")
             rc = lib.kiln_rt_open_file(p, _c.byref(h))
             _check(rc, "kiln_rt_open_file", os.fsdecode(p))
             self.path = os.fsdecode(p)
         self._h = h
         info = _Info()
         lib.kiln_rt_info_get(h, _c.byref(info))
-        self.info = _record(info)
+        self._info = _record(info)
         self._layers = {}
         self._units = {}
         self._names = {}
@@ -485,6 +504,12 @@ class Runtime(_Closing):
     @property
     def closed(self):
         return self._h is None
+
+    @property
+    def info(self):
+        """kiln_rt_info_get's record (read at open); ValueError once closed."""
+        self._handle()
+        return self._info
 
     def _handle(self):
         if self._h is None:
@@ -523,8 +548,12 @@ class Runtime(_Closing):
         return _record(g)
 
     def layers(self, stage=None):
-        """Model layer numbers the blob plans (on stage, if given), ascending."""
+        """Model layer numbers the blob plans (on stage, if given), ascending.
+        A stage the blob does not have raises stage()'s KilnError (ERANGE)."""
         h = self._handle()
+        if stage is not None:
+            stage = _sint(stage, "stage")
+            self.stage(stage)
         out = []
         s = _LayerInfo()
         for layer in range(self.info.n_model_layers):
@@ -690,7 +719,7 @@ class Runtime(_Closing):
                 if not 0 <= t <= _U64_MAX:
                     _uint(t, "rows")
                 t = None
-            elif hasattr(t, "tolist"):
+            elif hasattr(t, "tolist") and not isinstance(t, memoryview):
                 t = t.tolist()
             else:
                 t = _counts(t)
@@ -737,7 +766,7 @@ class Runtime(_Closing):
         if held_bytes:
             q.held_bytes = _uint(held_bytes, "held_bytes")
         if group_rows is not None:
-            g = group_rows.tolist() if hasattr(group_rows, "tolist") else list(group_rows)
+            g = list(_sequence(group_rows, "group_rows"))
             if len(g) > (1 << 20):
                 raise KilnError(EINVAL, "kiln_rt_select", "a group of %d ranks (at most 2^20)" % len(g))
             g = [_uint(c, "group_rows[%d]" % i, _U32_MAX) for i, c in enumerate(g)]
@@ -828,7 +857,7 @@ class Runtime(_Closing):
         if self._h is None:
             return "<kiln.runtime.Runtime closed>"
         return "<kiln.runtime.Runtime %s: %d stages, %d layers, %d buckets>" % (
-            self.info.model, self.info.n_stages, self.info.n_layers, self.info.n_buckets)
+            self._info.model, self._info.n_stages, self._info.n_layers, self._info.n_buckets)
 
 
 # ---------------------------------------------------------------- the copy engine

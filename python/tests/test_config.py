@@ -114,3 +114,34 @@ def test_finding_kilnc(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="kilnc not found"):
         config.find_kilnc()
+
+
+def test_paths_are_checked_and_never_read_as_options(tmp_path, monkeypatch):
+    model = os.path.join(ROOT, "examples", "models", "tiny.yaml")
+    monkeypatch.chdir(tmp_path)
+    for bad in (None, 3, ["a.yaml"]):
+        with pytest.raises(TypeError, match="must be a path"):
+            config.check(bad)
+        with pytest.raises(TypeError, match="must be a path"):
+            config.compile(model, bad)
+        with pytest.raises(TypeError, match="must be a path"):
+            config.compile(bad, "out.kiln")
+    assert not (tmp_path / "None").exists()
+    # A path starting with '-' is a file: './--help' does not exist.
+    with pytest.raises(KilncError, match="cannot read './--help'"):
+        config.check("--help")
+    with open(model) as src, open(tmp_path / "-m.yaml", "w") as dst:
+        dst.write(src.read())
+    config.check("-m.yaml")
+    assert config.compile("-m.yaml", "-out.kiln") == "-out.kiln"
+    assert (tmp_path / "-out.kiln").stat().st_size > 0
+    config.check(b"-m.yaml")
+    with pytest.raises(ValueError, match="null byte"):
+        config.check("tiny.yaml\0x")
+
+
+def test_kilnc_arguments_are_decoded_or_refused():
+    assert config.kilnc(b"--version").stdout == config.kilnc("--version").stdout
+    for bad in (None, True, object()):
+        with pytest.raises(TypeError):
+            config.kilnc(bad)

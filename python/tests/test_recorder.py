@@ -127,3 +127,48 @@ def test_bad_records(tmp_path):
             r2.record(0, 0, 1, 0, [1, 2])
             raise RuntimeError("boom")
     assert not (tmp_path / "failed.csv").exists()
+
+
+def test_ragged_first_record_is_refused(tmp_path):
+    # The first record's first row sets the width, within that record too.
+    rec = Recorder(tmp_path / "r.csv", layers=[1])
+    with pytest.raises(ValueError, match="1 counts; the trace has 2"):
+        rec.record(0, 0, 1, None, [[1, 2], [3]])
+    assert len(rec) == 0 and rec.experts is None
+    with pytest.raises(ValueError, match="3 counts; the trace has 2"):
+        rec.record(0, 0, 1, None, Counts([[1, 2], [3, 4, 5]]))
+    rec.record(0, 0, 1, None, [[1, 2], [3, 4]])
+    assert rec.experts == 2
+
+
+def test_counts_bounded_to_what_kilnc_reads(tmp_path):
+    from kiln.recorder import MAX_COUNT
+    rec = Recorder(tmp_path / "big.csv", layers=[1])
+    for big in (10**400, int(1e308), MAX_COUNT + 1):
+        with pytest.raises(ValueError, match="largest count"):
+            rec.record(0, 0, 1, 0, [big])
+        with pytest.raises(ValueError, match="largest count"):
+            rec.record(0, 0, 1, None, [[1], [big]])
+    assert len(rec) == 0
+    rec.record(0, 0, 1, 0, [MAX_COUNT])
+    rec.close()
+    _, rows = read_csv(tmp_path / "big.csv")
+    assert rows == {(0, 0, 0, 0): [float(MAX_COUNT)]}
+
+
+def test_merge_refuses_what_is_not_a_trace(tmp_path):
+    good = tmp_path / "good.csv"
+    with Recorder(good, layers=[1]) as rec:
+        rec.record(0, 0, 1, 0, [5, 6])
+    bad = {"garbage.csv": "hello\n", "keys.csv": "iteration,microbatch,layer,e0\n0,0,0,1\n",
+           "nocol.csv": "iteration,microbatch,layer,rank\n0,0,0,0\n",
+           "norows.csv": "iteration,microbatch,layer,rank,e0\n",
+           "fields.csv": "iteration,microbatch,layer,rank,e0,e1\n0,0,0,0,1\n",
+           "key.csv": "iteration,microbatch,layer,rank,e0,e1\n0,x,0,0,1,2\n"}
+    for name, text in bad.items():
+        p = tmp_path / name
+        p.write_text(text)
+        for paths in ([p], [good, p]):
+            with pytest.raises(ValueError, match=name):
+                merge(paths, tmp_path / "m.csv")
+    assert not (tmp_path / "m.csv").exists()

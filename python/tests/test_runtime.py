@@ -430,3 +430,43 @@ def test_group_rows_fall_back_together_beyond_the_declared_load(tiny_blob):
             rt.select(0, 1, 10, 4 << 20, group_rows=["a"])
         with pytest.raises(ValueError):
             rt.select(0, 1, 10, 4 << 20, group_rows=[2 ** 32])
+
+
+def test_argument_types_and_ranges_are_checked(tiny_blob):
+    # A path holding a null byte is refused as open() refuses it, not truncated.
+    with pytest.raises(ValueError, match="embedded null byte"):
+        Runtime(tiny_blob + "\0x")
+    # strerror takes the C parameter's range: a 32-bit int.
+    for code in (2**70, 2**31, -2**31 - 1):
+        with pytest.raises(ValueError, match="32-bit"):
+            runtime.strerror(code)
+    with pytest.raises(TypeError):
+        runtime.strerror(True)
+    with Runtime(tiny_blob) as rt:
+        # layers(stage) answers a stage the blob lacks as stage() does.
+        for bad in (-1, 99, rt.info.n_stages):
+            expect_error("ERANGE", rt.stage, bad)
+            expect_error("ERANGE", rt.layers, bad)
+        assert rt.layers(0) and sorted(rt.layers(0) + rt.layers(1)) == rt.layers()
+        # bool is not an int; bytes, str, dicts and sets are not counts.
+        for call in (lambda: rt.stage(True), lambda: rt.layers(False),
+                     lambda: rt.layer(True), lambda: rt.select(True, 1, [1], 1 << 20),
+                     lambda: rt.select(0, 1, [True, 2], 1 << 20),
+                     lambda: rt.select(0, 1, [1], 1 << 20, pending=True)):
+            with pytest.raises(TypeError):
+                call()
+        for tokens in (b"\x05\x05", bytearray(b"\x05\x05"), memoryview(b"\x05\x05"), "55",
+                       {0: 5, 1: 5}, {5, 6}):
+            with pytest.raises(TypeError, match="tokens_per_expert must be a sequence"):
+                rt.select(0, 1, tokens, 1 << 20)
+            with pytest.raises(TypeError, match="group_rows must be a sequence"):
+                rt.select(0, 1, [5, 5], 1 << 20, group_rows=tokens)
+        rt.select(0, 1, (5, 5), 1 << 20)
+        rt.select(0, 1, array.array("I", [5, 5]), 1 << 20)
+        info = rt.info
+    # Every call raises ValueError after close(), info included.
+    for call in (lambda: rt.info, lambda: rt.layers(), lambda: rt.stage(0)):
+        with pytest.raises(ValueError, match="closed"):
+            call()
+    assert repr(rt) == "<kiln.runtime.Runtime closed>"
+    assert info.n_stages >= 1
