@@ -311,6 +311,43 @@ Test(output, all_or_none)
 	dir_free(&d);
 }
 
+/* A rename that fails after another output went into place puts that one
+ * back: all or none holds through the renames too. */
+Test(output, a_failed_rename_restores_the_outputs_already_renamed)
+{
+	tdir d = dir_new();
+	const char *a = in_dir(&d, "a.json");
+	put(a, "old a\n");
+	char b[4096], c[4096];
+	snprintf(b, sizeof b, "%s", in_dir(&d, "b.json"));
+	snprintf(c, sizeof c, "%s", in_dir(&d, "c.json"));
+	kiln_out *v[3] = {kiln_out_open("t", a, stderr), kiln_out_open("t", c, stderr),
+	                  kiln_out_open("t", b, stderr)};
+	cr_assert(v[0] && v[1] && v[2]);
+	fputs("new a\n", kiln_out_stream(v[0]));
+	fputs("new c\n", kiln_out_stream(v[1]));
+	fputs("new b\n", kiln_out_stream(v[2]));
+	/* b becomes a directory: renaming a file over it fails (EISDIR). */
+	cr_assert_eq(mkdir(b, 0700), 0);
+	char *msg = NULL;
+	size_t len = 0;
+	FILE *err = err_stream(&msg, &len);
+	cr_assert_eq(kiln_out_commit_all(v, 3, err), -1);
+	fclose(err);
+	cr_assert_not_null(strstr(msg, "b.json"), "%s", msg);
+	free(msg);
+	cr_assert(same_text(a, "old a\n"), "a stayed replaced after b failed");
+	cr_assert_eq(access(c, F_OK), -1, "c was created although b failed");
+	cr_assert_eq(rmdir(b), 0);
+	DIR *dp = opendir(d.path);
+	int left = 0;
+	for (struct dirent *e; (e = readdir(dp));)
+		left += e->d_name[0] != '.';
+	closedir(dp);
+	cr_assert_eq(left, 1, "a backup or temporary file was left");
+	dir_free(&d);
+}
+
 Test(output, refuses_what_is_no_file_to_write)
 {
 	tdir d = dir_new();
