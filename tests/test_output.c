@@ -578,6 +578,39 @@ Test(cli_output, a_full_stdout_gives_the_reason)
 /* SIGINT while compile writes its views: the blob and the MLIR already sit
  * in temporary files when the trace view blocks opening a FIFO nobody
  * reads; the interrupt removes them and kilnc exits 130. */
+/* A command whose stdout fails leaves its files as they were: they go into
+ * place only after stdout is written. */
+Test(cli_output, a_full_stdout_leaves_the_files_untouched)
+{
+	if (access("/dev/full", W_OK) != 0)
+		cr_skip_test("no /dev/full");
+	tdir d = dir_new();
+	char blob[320], loads[320], trace[320];
+	snprintf(blob, sizeof blob, "%s", in_dir(&d, "x.kiln"));
+	snprintf(loads, sizeof loads, "%s", in_dir(&d, "el.csv"));
+	snprintf(trace, sizeof trace, "%s", in_dir(&d, "tr.json"));
+	put(blob, "old\n");
+	put(loads, "old\n");
+	put(trace, "old\n");
+	const char *tiny = kt_src("examples/models/tiny.yaml");
+	const char *const compile[] = {"compile", tiny, "-o", blob, NULL};
+	const char *const simulate[] = {
+	    "simulate",     tiny,  "--policy",     "kiln", "--iters", "2",
+	    "--emit-loads", loads, "--emit-trace", trace,  NULL};
+	const char *const *cases[] = {compile, simulate};
+	for (size_t i = 0; i < 2; i++) {
+		kt_run r = kt_kilnc(cases[i], "/dev/full");
+		cr_assert_eq(r.status, 1, "%s: %d", cases[i][0], r.status);
+		cr_assert_not_null(strstr(r.err, "No space left on device"), "%s", r.err);
+		kt_run_free(&r);
+	}
+	cr_assert(same_text(blob, "old\n"), "the blob was replaced although stdout failed");
+	cr_assert(same_text(loads, "old\n"), "--emit-loads was replaced although stdout failed");
+	cr_assert(same_text(trace, "old\n"), "--emit-trace was replaced although stdout failed");
+	cr_assert_eq(temps_in(&d), 0);
+	dir_free(&d);
+}
+
 Test(cli_output, an_interrupted_compile_leaves_no_temporary_file)
 {
 	tdir d = dir_new();

@@ -636,3 +636,8 @@ int kiln_out_stdout_finish(const char *prog, FILE *err)
 	fprintf(err, "%s: error: writing the standard output: %s\n", prog, strerror(e ? e : EIO));
 	return -1;
 }
+
+bool kiln_out_stdout_ok(void)
+{
+	return fflush(stdout) == 0 && !ferror(stdout) && !g_stdout.err;
+}
