@@ -404,6 +404,42 @@ Test(output, signals_and_exit_remove_temporary_files)
 
 /* kilnc refuses (exit 2, both names) any output that is one of its inputs,
  * and never touches the input. */
+/* A signal that kills by default (and abort(), as from an allocation
+ * failure inside MLIR) removes the temporary files, then kills the process
+ * by that same signal. */
+Test(output, fatal_signals_and_abort_remove_temporary_files)
+{
+	static const int sigs[] = {SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU, SIGABRT};
+	for (size_t k = 0; k < sizeof sigs / sizeof *sigs; k++) {
+		tdir d = dir_new();
+		const char *p = in_dir(&d, "out.kiln");
+		put(p, "old\n");
+		pid_t pid = fork();
+		cr_assert(pid >= 0);
+		if (pid == 0) {
+			signal(sigs[k], SIG_DFL);
+			kiln_out *a = kiln_out_open("t", p, stderr);
+			if (!a)
+				_exit(99);
+			fputs("partial", kiln_out_stream(a));
+			fflush(kiln_out_stream(a));
+			if (temps_in(&d) != 1)
+				_exit(98);
+			if (sigs[k] == SIGABRT)
+				abort();
+			raise(sigs[k]);
+			_exit(7);
+		}
+		int st;
+		cr_assert_eq(waitpid(pid, &st, 0), pid);
+		cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == sigs[k], "signal %d: status %d",
+		          sigs[k], WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+		cr_assert_eq(temps_in(&d), 0, "signal %d left temporary files", sigs[k]);
+		cr_assert(same_text(p, "old\n"));
+		dir_free(&d);
+	}
+}
+
 Test(cli_output, outputs_that_are_inputs_are_refused)
 {
 	tdir d = dir_new();

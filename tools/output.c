@@ -180,7 +180,13 @@ done:
  * is published only once its string is complete and cleared before the
  * string is freed; lock-free atomics are async-signal-safe. */
 static _Atomic(const char *) g_tmp[KILN_OUT_MAX_OPEN];
-static const int g_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+/* The first four end the process with 128 + the signal (docs/cli.md); the
+ * others, fatal by default, are raised again with their default action once
+ * the temporary files are gone, so the status is the signal's. SIGABRT
+ * covers abort(), as from an allocation failure inside MLIR. */
+static const int g_signals[] = {SIGINT,  SIGTERM, SIGHUP,    SIGQUIT, SIGUSR1, SIGUSR2,
+                                SIGALRM, SIGXCPU, SIGVTALRM, SIGPROF, SIGABRT};
+#define N_EXIT_SIGNALS 4
 #define N_SIGNALS ((int)(sizeof g_signals / sizeof *g_signals))
 static struct sigaction g_old[N_SIGNALS];
 static bool g_installed[N_SIGNALS];
@@ -205,7 +211,12 @@ static void on_signal(int sig)
 			g_old[k].sa_handler(sig);
 			return;
 		}
-	_exit(128 + sig);
+	for (int k = 0; k < N_EXIT_SIGNALS; k++)
+		if (g_signals[k] == sig)
+			_exit(128 + sig);
+	/* Delivered with the default action once the handler returns. */
+	signal(sig, SIG_DFL);
+	raise(sig);
 }
 
 static void install(void)
