@@ -2,6 +2,7 @@
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,9 +116,85 @@ void kiln_json_add_i64(kiln_json *parent, const char *key, int64_t v)
 	attach(parent, key, parent ? cJSON_CreateRaw(buf) : NULL);
 }
 
+/* The length of the valid UTF-8 sequence at s (1 to 4 bytes: no overlong
+ * form, no surrogate, nothing past U+10FFFF), or 0. */
+static size_t utf8_len(const unsigned char *s)
+{
+	unsigned c = s[0];
+	size_t n = c < 0x80                 ? 1
+	           : c >= 0xc2 && c <= 0xdf ? 2
+	           : c >= 0xe0 && c <= 0xef ? 3
+	           : c >= 0xf0 && c <= 0xf4 ? 4
+	                                    : 0;
+	for (size_t i = 1; i < n; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+	if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) ||
+	    (c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] > 0x8f))
+		return 0;
+	return n;
+}
+
+/* v as a JSON string (quotes included) that is valid UTF-8 whatever v is:
+ * escapes as cJSON writes them, and each byte that is not valid UTF-8 as
+ * \u00XX, the code point of the same number (docs/cli.md). NULL when out
+ * of memory. */
+static cJSON *string_of_bytes(const char *v)
+{
+	size_t n = strlen(v);
+	char *buf = malloc(6 * n + 3), *w = buf;
+	if (!buf)
+		return NULL;
+	*w++ = '"';
+	for (const unsigned char *s = (const unsigned char *)v; *s;) {
+		size_t k = utf8_len(s);
+		if (k == 1 && (*s == '"' || *s == '\\')) {
+			*w++ = '\\';
+			*w++ = (char)*s++;
+		} else if (k == 1 && *s < 0x20) {
+			static const char shorts[] = "btn?fr"; /* 0x08 to 0x0d */
+			char sh = *s >= 8 && *s <= 13 ? shorts[*s - 8] : '?';
+			if (sh != '?') {
+				*w++ = '\\';
+				*w++ = sh;
+			} else {
+				w += sprintf(w, "\\u%04x", *s);
+			}
+			s++;
+		} else if (k == 0) {
+			w += sprintf(w, "\\u%04x", *s++);
+		} else {
+			memcpy(w, s, k);
+			w += k;
+			s += k;
+		}
+	}
+	*w++ = '"';
+	*w = '\0';
+	cJSON *j = cJSON_CreateRaw(buf);
+	free(buf);
+	return j;
+}
+
+static bool valid_utf8(const char *v)
+{
+	for (const unsigned char *s = (const unsigned char *)v; *s;) {
+		size_t k = utf8_len(s);
+		if (!k)
+			return false;
+		s += k;
+	}
+	return true;
+}
+
 void kiln_json_add_string(kiln_json *parent, const char *key, const char *v)
 {
-	attach(parent, key, parent ? (v ? cJSON_CreateString(v) : cJSON_CreateNull()) : NULL);
+	cJSON *j = NULL;
+	if (parent)
+		j = !v              ? cJSON_CreateNull()
+		    : valid_utf8(v) ? cJSON_CreateString(v)
+		                    : string_of_bytes(v);
+	attach(parent, key, j);
 }
 
 void kiln_json_add_bool(kiln_json *parent, const char *key, bool v)

@@ -98,3 +98,22 @@ Test(json, strict_parse_accepts_every_json_form)
 		kiln_json_free(doc);
 	}
 }
+
+/* A string that is not valid UTF-8 (a blob's unit name) is written as valid
+ * UTF-8 JSON: each bad byte as \u00XX, the rest as cJSON writes it. */
+Test(json, bytes_that_are_not_utf8_are_escaped)
+{
+	kiln_json *doc = kiln_json_object();
+	kiln_json_add_string(doc, "a", "ln1\xffrstd");
+	kiln_json_add_string(doc, "b", "q\"\\\n\x01\xc3\xa9\xc0\xaf\xed\xa0\x80");
+	kiln_json_add_string(doc, "c", "caf\xc3\xa9");
+	char *t = text_of(doc);
+	kiln_json_free(doc);
+	cr_assert_not_null(strstr(t, "\"ln1\\u00ffrstd\""), "%s", t);
+	/* An overlong form and a surrogate are bytes, é is kept. */
+	cr_assert_not_null(
+	    strstr(t, "\"q\\\"\\\\\\n\\u0001\xc3\xa9\\u00c0\\u00af\\u00ed\\u00a0\\u0080\""), "%s",
+	    t);
+	cr_assert_not_null(strstr(t, "\"caf\xc3\xa9\""), "%s", t);
+	free(t);
+}

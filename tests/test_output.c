@@ -311,6 +311,43 @@ Test(output, all_or_none)
 	dir_free(&d);
 }
 
+/* A rename that fails after another output went into place puts that one
+ * back: all or none holds through the renames too. */
+Test(output, a_failed_rename_restores_the_outputs_already_renamed)
+{
+	tdir d = dir_new();
+	const char *a = in_dir(&d, "a.json");
+	put(a, "old a\n");
+	char b[4096], c[4096];
+	snprintf(b, sizeof b, "%s", in_dir(&d, "b.json"));
+	snprintf(c, sizeof c, "%s", in_dir(&d, "c.json"));
+	kiln_out *v[3] = {kiln_out_open("t", a, stderr), kiln_out_open("t", c, stderr),
+	                  kiln_out_open("t", b, stderr)};
+	cr_assert(v[0] && v[1] && v[2]);
+	fputs("new a\n", kiln_out_stream(v[0]));
+	fputs("new c\n", kiln_out_stream(v[1]));
+	fputs("new b\n", kiln_out_stream(v[2]));
+	/* b becomes a directory: renaming a file over it fails (EISDIR). */
+	cr_assert_eq(mkdir(b, 0700), 0);
+	char *msg = NULL;
+	size_t len = 0;
+	FILE *err = err_stream(&msg, &len);
+	cr_assert_eq(kiln_out_commit_all(v, 3, err), -1);
+	fclose(err);
+	cr_assert_not_null(strstr(msg, "b.json"), "%s", msg);
+	free(msg);
+	cr_assert(same_text(a, "old a\n"), "a stayed replaced after b failed");
+	cr_assert_eq(access(c, F_OK), -1, "c was created although b failed");
+	cr_assert_eq(rmdir(b), 0);
+	DIR *dp = opendir(d.path);
+	int left = 0;
+	for (struct dirent *e; (e = readdir(dp));)
+		left += e->d_name[0] != '.';
+	closedir(dp);
+	cr_assert_eq(left, 1, "a backup or temporary file was left");
+	dir_free(&d);
+}
+
 Test(output, refuses_what_is_no_file_to_write)
 {
 	tdir d = dir_new();
@@ -367,6 +404,42 @@ Test(output, signals_and_exit_remove_temporary_files)
 
 /* kilnc refuses (exit 2, both names) any output that is one of its inputs,
  * and never touches the input. */
+/* A signal that kills by default (and abort(), as from an allocation
+ * failure inside MLIR) removes the temporary files, then kills the process
+ * by that same signal. */
+Test(output, fatal_signals_and_abort_remove_temporary_files)
+{
+	static const int sigs[] = {SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU, SIGABRT};
+	for (size_t k = 0; k < sizeof sigs / sizeof *sigs; k++) {
+		tdir d = dir_new();
+		const char *p = in_dir(&d, "out.kiln");
+		put(p, "old\n");
+		pid_t pid = fork();
+		cr_assert(pid >= 0);
+		if (pid == 0) {
+			signal(sigs[k], SIG_DFL);
+			kiln_out *a = kiln_out_open("t", p, stderr);
+			if (!a)
+				_exit(99);
+			fputs("partial", kiln_out_stream(a));
+			fflush(kiln_out_stream(a));
+			if (temps_in(&d) != 1)
+				_exit(98);
+			if (sigs[k] == SIGABRT)
+				abort();
+			raise(sigs[k]);
+			_exit(7);
+		}
+		int st;
+		cr_assert_eq(waitpid(pid, &st, 0), pid);
+		cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == sigs[k], "signal %d: status %d",
+		          sigs[k], WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+		cr_assert_eq(temps_in(&d), 0, "signal %d left temporary files", sigs[k]);
+		cr_assert(same_text(p, "old\n"));
+		dir_free(&d);
+	}
+}
+
 Test(cli_output, outputs_that_are_inputs_are_refused)
 {
 	tdir d = dir_new();
@@ -541,6 +614,39 @@ Test(cli_output, a_full_stdout_gives_the_reason)
 /* SIGINT while compile writes its views: the blob and the MLIR already sit
  * in temporary files when the trace view blocks opening a FIFO nobody
  * reads; the interrupt removes them and kilnc exits 130. */
+/* A command whose stdout fails leaves its files as they were: they go into
+ * place only after stdout is written. */
+Test(cli_output, a_full_stdout_leaves_the_files_untouched)
+{
+	if (access("/dev/full", W_OK) != 0)
+		cr_skip_test("no /dev/full");
+	tdir d = dir_new();
+	char blob[320], loads[320], trace[320];
+	snprintf(blob, sizeof blob, "%s", in_dir(&d, "x.kiln"));
+	snprintf(loads, sizeof loads, "%s", in_dir(&d, "el.csv"));
+	snprintf(trace, sizeof trace, "%s", in_dir(&d, "tr.json"));
+	put(blob, "old\n");
+	put(loads, "old\n");
+	put(trace, "old\n");
+	const char *tiny = kt_src("examples/models/tiny.yaml");
+	const char *const compile[] = {"compile", tiny, "-o", blob, NULL};
+	const char *const simulate[] = {
+	    "simulate",     tiny,  "--policy",     "kiln", "--iters", "2",
+	    "--emit-loads", loads, "--emit-trace", trace,  NULL};
+	const char *const *cases[] = {compile, simulate};
+	for (size_t i = 0; i < 2; i++) {
+		kt_run r = kt_kilnc(cases[i], "/dev/full");
+		cr_assert_eq(r.status, 1, "%s: %d", cases[i][0], r.status);
+		cr_assert_not_null(strstr(r.err, "No space left on device"), "%s", r.err);
+		kt_run_free(&r);
+	}
+	cr_assert(same_text(blob, "old\n"), "the blob was replaced although stdout failed");
+	cr_assert(same_text(loads, "old\n"), "--emit-loads was replaced although stdout failed");
+	cr_assert(same_text(trace, "old\n"), "--emit-trace was replaced although stdout failed");
+	cr_assert_eq(temps_in(&d), 0);
+	dir_free(&d);
+}
+
 Test(cli_output, an_interrupted_compile_leaves_no_temporary_file)
 {
 	tdir d = dir_new();

@@ -501,11 +501,15 @@ static int build_blob(const kiln_compilation *c, blob_bytes *out)
 	return EXIT_OK;
 }
 
-/* The views compile was asked for, and the blob when feasible: all or none
- * (tools/output.h). Returns 0 or EXIT_INPUT (reported). */
-static int write_views(const options *o, const kiln_compilation *c, bool feasible)
+/* Writes the views compile was asked for, and the blob when feasible, into
+ * their temporary files and finishes them: out[0..*n_out) (at most 4), to be
+ * committed all or none (tools/output.h) once stdout is written. Returns 0
+ * or EXIT_INPUT (reported; nothing staged). */
+static int write_views(const options *o, const kiln_compilation *c, bool feasible, kiln_out **out,
+                       size_t *n_out)
 {
 	bool blob = o->blob && feasible;
+	*n_out = 0;
 	if (!o->emit_mlir && !o->emit_trace && !o->emit_svg && !blob)
 		return EXIT_OK;
 	if (!c->schedule) {
@@ -522,7 +526,6 @@ static int write_views(const options *o, const kiln_compilation *c, bool feasibl
 	             {o->emit_mlir, view_mlir, c},
 	             {o->emit_trace, view_trace, c->schedule},
 	             {o->emit_svg, view_svg, c->schedule}};
-	kiln_out *out[4];
 	size_t n = 0;
 	int rc = blob ? build_blob(c, &bytes) : EXIT_OK;
 	for (size_t i = 0; i < 4 && rc == EXIT_OK; i++) {
@@ -535,12 +538,16 @@ static int write_views(const options *o, const kiln_compilation *c, bool feasibl
 			rc = EXIT_INPUT;
 	}
 	free(bytes.p);
+	for (size_t i = 0; i < n && rc == EXIT_OK; i++)
+		if (kiln_out_finish(out[i], stderr) != 0)
+			rc = EXIT_INPUT;
 	if (rc != EXIT_OK) {
 		for (size_t i = 0; i < n; i++)
 			kiln_out_discard(out[i]);
 		return rc;
 	}
-	return kiln_out_commit_all(out, n, stderr) == 0 ? EXIT_OK : EXIT_INPUT;
+	*n_out = n;
+	return EXIT_OK;
 }
 
 static bool has_suffix(const char *s, const char *suffix)
@@ -718,6 +725,8 @@ static int cmd_compile(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	kiln_compilation c = {.model = m, .arena = a};
+	kiln_out *views[4];
+	size_t n_views = 0;
 	c.solver = KILN_SOLVER_DP;
 	if (o.solver)
 		kiln_solver_parse(o.solver, &c.solver); /* checked with the options */
@@ -731,7 +740,8 @@ static int cmd_compile(int argc, char **argv)
 	} else if (rc != 0) {
 		fprintf(stderr, "kilnc: error: compiling %s failed\n", o.model);
 		rc = EXIT_INPUT;
-	} else if ((rc = write_views(&o, &c, kiln_plans_infeasible_stages(&c) == 0)) != EXIT_OK) {
+	} else if ((rc = write_views(&o, &c, kiln_plans_infeasible_stages(&c) == 0, views,
+	                             &n_views)) != EXIT_OK) {
 		/* reported; nothing on stdout */
 	} else if (kiln_plans_infeasible_stages(&c) > 0) {
 		kiln_plans_report_infeasible(&c, stderr);
@@ -742,6 +752,18 @@ static int cmd_compile(int argc, char **argv)
 		kiln_json_free(doc);
 	} else if (!o.dump_after) {
 		kiln_plans_text(&c, stdout);
+	}
+	/* The files go into place only once stdout is written: a command that
+	 * fails leaves them as they were. A failed stdout is reported by
+	 * finish_output. */
+	if (n_views && (rc == EXIT_OK || rc == EXIT_INFEASIBLE) && kiln_out_stdout_ok()) {
+		if (kiln_out_commit_all(views, n_views, stderr) != 0)
+			rc = EXIT_INPUT;
+	} else {
+		for (size_t i = 0; i < n_views; i++)
+			kiln_out_discard(views[i]);
+		if (n_views && rc == EXIT_OK)
+			rc = EXIT_INPUT;
 	}
 	kiln_arena_free(a);
 	return finish_output(rc);

@@ -180,7 +180,13 @@ done:
  * is published only once its string is complete and cleared before the
  * string is freed; lock-free atomics are async-signal-safe. */
 static _Atomic(const char *) g_tmp[KILN_OUT_MAX_OPEN];
-static const int g_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+/* The first four end the process with 128 + the signal (docs/cli.md); the
+ * others, fatal by default, are raised again with their default action once
+ * the temporary files are gone, so the status is the signal's. SIGABRT
+ * covers abort(), as from an allocation failure inside MLIR. */
+static const int g_signals[] = {SIGINT,  SIGTERM, SIGHUP,    SIGQUIT, SIGUSR1, SIGUSR2,
+                                SIGALRM, SIGXCPU, SIGVTALRM, SIGPROF, SIGABRT};
+#define N_EXIT_SIGNALS 4
 #define N_SIGNALS ((int)(sizeof g_signals / sizeof *g_signals))
 static struct sigaction g_old[N_SIGNALS];
 static bool g_installed[N_SIGNALS];
@@ -205,7 +211,12 @@ static void on_signal(int sig)
 			g_old[k].sa_handler(sig);
 			return;
 		}
-	_exit(128 + sig);
+	for (int k = 0; k < N_EXIT_SIGNALS; k++)
+		if (g_signals[k] == sig)
+			_exit(128 + sig);
+	/* Delivered with the default action once the handler returns. */
+	signal(sig, SIG_DFL);
+	raise(sig);
 }
 
 static void install(void)
@@ -229,28 +240,45 @@ static void install(void)
 	atexit(remove_temps);
 }
 
+/* A mkstemp template beside target: target + suffix, or, for a name near
+ * the limit, hidden in target's directory. malloc'd, or NULL. */
+static char *beside(const char *target, const char *suffix, const char *hidden)
+{
+	size_t n = strlen(target), ns = strlen(suffix), nh = strlen(hidden);
+	const char *slash = strrchr(target, '/');
+	size_t base = slash ? n - (size_t)(slash - target) - 1 : n;
+	char *t = malloc(n + (ns > nh ? ns : nh) + 1);
+	if (!t)
+		return NULL;
+	memcpy(t, target, n);
+	if (base + ns <= NAME_MAX)
+		memcpy(t + n, suffix, ns + 1);
+	else
+		memcpy(t + (n - base), hidden, nh + 1);
+	return t;
+}
+
+/* Blocks the handled signals into saved, so that a run of renames is not
+ * cut in the middle. */
+static void block_signals(sigset_t *saved)
+{
+	sigset_t block;
+	sigemptyset(&block);
+	for (int k = 0; k < N_SIGNALS; k++)
+		sigaddset(&block, g_signals[k]);
+	pthread_sigmask(SIG_BLOCK, &block, saved);
+}
+
 /* Creates the temporary file for o->target and publishes it. Signals are
  * blocked meanwhile, so no interrupt can leave it behind. Returns the fd, or
  * -1 with errno set. */
 static int make_temp(kiln_out *o)
 {
-	static const char suffix[] = ".tmp.XXXXXX", hidden[] = ".kiln.tmp.XXXXXX";
-	size_t n = strlen(o->target);
-	const char *slash = strrchr(o->target, '/');
-	size_t base = slash ? n - (size_t)(slash - o->target) - 1 : n;
-	o->tmp = malloc(n + sizeof hidden);
+	o->tmp = beside(o->target, ".tmp.XXXXXX", ".kiln.tmp.XXXXXX");
 	if (!o->tmp)
 		return -1;
-	memcpy(o->tmp, o->target, n);
-	if (base + sizeof suffix - 1 <= NAME_MAX)
-		memcpy(o->tmp + n, suffix, sizeof suffix);
-	else /* a name near the limit: a short hidden name beside it */
-		memcpy(o->tmp + (n - base), hidden, sizeof hidden);
-	sigset_t block, saved;
-	sigemptyset(&block);
-	for (int k = 0; k < N_SIGNALS; k++)
-		sigaddset(&block, g_signals[k]);
-	pthread_sigmask(SIG_BLOCK, &block, &saved);
+	sigset_t saved;
+	block_signals(&saved);
 	int slot = -1;
 	for (int i = 0; i < KILN_OUT_MAX_OPEN && slot < 0; i++) {
 		const char *expect = NULL;
@@ -487,19 +515,105 @@ void kiln_out_discard(kiln_out *o)
 	free(o);
 }
 
+/* A second name for the existing file target, beside it, so that a commit
+ * cut short can put it back. Returns the malloc'd name, or NULL with errno
+ * set (target missing: ENOENT). */
+static char *backup(const char *target)
+{
+	for (int tries = 0; tries < 8; tries++) {
+		char *name = beside(target, ".bak.XXXXXX", ".kiln.bak.XXXXXX");
+		if (!name)
+			return NULL;
+		int fd = mkstemp(name);
+		if (fd < 0) {
+			free(name);
+			return NULL;
+		}
+		close(fd);
+		unlink(name);
+		if (link(target, name) == 0)
+			return name;
+		int e = errno;
+		free(name);
+		if (e != EEXIST) {
+			errno = e;
+			return NULL;
+		}
+	}
+	errno = EEXIST;
+	return NULL;
+}
+
 int kiln_out_commit_all(kiln_out **v, size_t n, FILE *err)
 {
 	int rc = 0;
 	for (size_t i = 0; i < n; i++)
 		if (kiln_out_finish(v[i], err) != 0)
 			rc = -1;
+	char **bak = rc == 0 ? calloc(n + 1, sizeof *bak) : NULL;
+	bool *existed = rc == 0 ? calloc(n + 1, sizeof *existed) : NULL;
+	if (rc == 0 && (!bak || !existed)) {
+		fprintf(err, "%s: error: out of memory\n", n ? v[0]->prog : "kiln");
+		rc = -1;
+	}
+	sigset_t saved;
+	block_signals(&saved);
+	size_t done = 0;
+	if (rc == 0) {
+		for (size_t i = 0; i < n; i++) {
+			struct stat st;
+			existed[i] = v[i]->tmp && stat(v[i]->target, &st) == 0;
+			if (existed[i])
+				bak[i] = backup(v[i]->target);
+		}
+		for (; done < n; done++) {
+			kiln_out *o = v[done];
+			if (!o->tmp)
+				continue;
+			if (rename(o->tmp, o->target) != 0) {
+				report(o, err, errno);
+				rc = -1;
+				break;
+			}
+			forget_temp(o);
+		}
+	}
+	/* On a failure, the outputs already renamed get their old content back:
+	 * all or none holds to the end. */
+	for (size_t i = 0; bak && existed && i < n; i++) {
+		kiln_out *o = v[i];
+		bool renamed = i < done && o->tmp;
+		if (renamed && rc != 0 &&
+		    (existed[i] ? !bak[i] || rename(bak[i], o->target) != 0
+		                : unlink(o->target) != 0)) {
+			if (bak[i])
+				fprintf(err,
+				        "%s: error: %s was replaced before the failure; its old "
+				        "content is in %s\n",
+				        o->prog, o->path, bak[i]);
+			else
+				fprintf(err,
+				        "%s: error: %s was replaced before the failure and cannot "
+				        "be restored\n",
+				        o->prog, o->path);
+			continue; /* the backup stays */
+		}
+		if (renamed && (rc == 0 || !existed[i] || !bak[i]))
+			sync_dir(o->target);
+		if (bak[i] && (rc == 0 || !renamed))
+			unlink(bak[i]);
+		else if (renamed)
+			sync_dir(o->target); /* the backup went back into place */
+	}
+	pthread_sigmask(SIG_SETMASK, &saved, NULL);
 	for (size_t i = 0; i < n; i++) {
-		if (rc == 0)
-			rc = kiln_out_commit(v[i], err);
-		else
-			kiln_out_discard(v[i]);
+		if (bak)
+			free(bak[i]);
+		kiln_out_discard(v[i]);
 		v[i] = NULL;
 	}
+	free(bak);
+	free(existed);
 	return rc;
 }
 
@@ -547,4 +661,9 @@ int kiln_out_stdout_finish(const char *prog, FILE *err)
 		return 0;
 	fprintf(err, "%s: error: writing the standard output: %s\n", prog, strerror(e ? e : EIO));
 	return -1;
+}
+
+bool kiln_out_stdout_ok(void)
+{
+	return fflush(stdout) == 0 && !ferror(stdout) && !g_stdout.err;
 }

@@ -24,6 +24,7 @@
 #ifndef KILN_TOOLS_OUTPUT_H
 #define KILN_TOOLS_OUTPUT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -92,5 +93,11 @@ int kiln_out_stdout_init(void);
  * ("PROG: error: writing the standard output: No space left on device").
  * Returns 0 or -1. */
 int kiln_out_stdout_finish(const char *prog, FILE *err);
+
+/* Flushes stdout and says whether every write to it so far succeeded,
+ * reporting nothing (kiln_out_stdout_finish reports). Callers check it
+ * before committing their files, so a failed stdout leaves them as they
+ * were. */
+bool kiln_out_stdout_ok(void);
 
 #endif

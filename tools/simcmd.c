@@ -499,14 +499,10 @@ int kilnc_simulate(int argc, char **argv)
 		goto out;
 	if (trace && !(trace_out = stage_trace(trace, res, n)))
 		goto out;
-	kiln_out *staged[2];
-	size_t n_staged = 0;
-	if (loads_out)
-		staged[n_staged++] = loads_out;
-	if (trace_out)
-		staged[n_staged++] = trace_out;
-	loads_out = trace_out = NULL;
-	if (kiln_out_commit_all(staged, n_staged, stderr) != 0)
+	/* Finished now, so that a failed write leaves stdout empty; committed
+	 * once stdout is written. */
+	if ((loads_out && kiln_out_finish(loads_out, stderr) != 0) ||
+	    (trace_out && kiln_out_finish(trace_out, stderr) != 0))
 		goto out;
 	/* The baseline for relative throughput: full-recompute when run. */
 	double base = 0;
@@ -675,6 +671,23 @@ int kilnc_simulate(int argc, char **argv)
 		    "iterations\n",
 		    cb);
 	}
+	/* The files go into place only once stdout is written: a command that
+	 * fails leaves them as they were (main's finish_output reports a failed
+	 * stdout). */
+	kiln_out *staged[2];
+	size_t n_staged = 0;
+	if (loads_out)
+		staged[n_staged++] = loads_out;
+	if (trace_out)
+		staged[n_staged++] = trace_out;
+	loads_out = trace_out = NULL;
+	if (n_staged && !kiln_out_stdout_ok()) {
+		for (size_t i = 0; i < n_staged; i++)
+			kiln_out_discard(staged[i]);
+		goto out;
+	}
+	if (kiln_out_commit_all(staged, n_staged, stderr) != 0)
+		goto out;
 	rc = KILNC_EXIT_OK;
 out:
 	kiln_out_discard(loads_out);
