@@ -638,6 +638,37 @@ Test(sim, cli_table_json_and_errors)
 	free(other);
 }
 
+/* docs/cli.md, simulate's JSON: "groups" is the EP groups simulated and
+ * "groups_total" the job's. tiny.yaml on 16 devices: pp 2, tp 1, so dp 8
+ * and 8 / ep 4 = 2 EP groups (by hand). "--restart-s -0" reads back as 0. */
+Test(sim, json_reports_the_groups_simulated_and_the_jobs)
+{
+	char *out = NULL, *yaml = kt_temp_file(".yaml", "", 0);
+	cr_assert_eq(kt_sh(&out, "sed 's/devices: 8/devices: 16/' '%s' > '%s'",
+	                   kt_src("examples/models/tiny.yaml"), yaml),
+	             0);
+	free(out);
+	const char *groups[] = {NULL, "1", "2", "1000"};
+	const double want[] = {2, 1, 2, 2};
+	for (int k = 0; k < 4; k++) {
+		kt_run r =
+		    kt_kilnc((const char *const[]){"simulate", yaml, "--policy", "full-recompute",
+		                                   "--iters", "2", "--restart-s", "-0", "--json",
+		                                   groups[k] ? "--groups" : NULL, groups[k], NULL},
+		             NULL);
+		cr_assert_eq(r.status, 0, "%s", r.err);
+		kiln_json *doc = kiln_json_parse(r.out, r.out_len);
+		cr_assert_not_null(doc, "%s", r.out);
+		cr_assert_eq(kiln_json_number(kiln_json_get(doc, "groups")), want[k], "%s", r.out);
+		cr_assert_eq(kiln_json_number(kiln_json_get(doc, "groups_total")), 2, "%s", r.out);
+		cr_assert_not_null(strstr(r.out, "\"restart_s\":\t0,"), "%s", r.out);
+		kiln_json_free(doc);
+		kt_run_free(&r);
+	}
+	unlink(yaml);
+	free(yaml);
+}
+
 /* Writes text to a temporary .csv trace; the caller unlinks and frees. */
 static char *trace_of(const char *text)
 {
