@@ -73,19 +73,15 @@ static bool hw_from_fields(kiln_fe_ctx *c, kiln_fe_field *f, bool in_file,
 			ok = false;
 	}
 	kiln_fe_field *eff = &f[KILN_FE_F_GEMM_EFFICIENCY];
-	if (eff->state == KILN_FE_SET && eff->f > 1) {
-		kiln_fe_error(c, eff->value->line, eff->value->col,
-		              "gemm_efficiency (%g) must be in (0, 1]", eff->f);
-		ok = false;
-	}
 	/* Plausible ranges keep every derived figure finite: a profile of 1e-300
-	 * TFLOP/s or 1e308 GiB is a typo, not a machine. */
+	 * TFLOP/s or 1e308 GiB is a typo, not a machine; an efficiency is at
+	 * most 1. */
 	for (size_t i = 0; i < sizeof(figures) / sizeof(figures[0]); i++) {
 		kiln_fe_field *x = &f[figures[i]];
 		if (x->state != KILN_FE_SET || figures[i] == KILN_FE_F_DEVICES_PER_NODE)
 			continue;
 		double lo = figures[i] == KILN_FE_F_GEMM_EFFICIENCY ? 1e-3 : 1e-6;
-		double hi = figures[i] == KILN_FE_F_GEMM_EFFICIENCY ? INFINITY : 1e7; /* > 1: below */
+		double hi = figures[i] == KILN_FE_F_GEMM_EFFICIENCY ? 1 : 1e7;
 		if (x->f < lo || x->f > hi) {
 			kiln_fe_error(c, x->value->line, x->value->col,
 			              "%s (%g) is out of range [%g, %g]",

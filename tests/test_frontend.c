@@ -1392,7 +1392,7 @@ Test(frontend_hardware, inline_profile)
 	                           "  inter_nodes_gbps: 12.5\n",
 	               "m.yaml:15:17: error: reserved_gib (80) must be less than memory_gib (64)");
 	expect_in_diag("m.yaml:16:16: error: peak_tflops must be positive, got '0'");
-	expect_in_diag("m.yaml:17:20: error: gemm_efficiency (1.5) must be in (0, 1]");
+	expect_in_diag("m.yaml:17:20: error: gemm_efficiency (1.5) is out of range [0.001, 1]");
 	expect_in_diag("m.yaml:18:13: error: expected a finite number for 'hbm_gbps', got '.inf'");
 	expect_in_diag("m.yaml:24:3: error: unknown key 'inter_nodes_gbps' in hardware; did you "
 	               "mean 'inter_node_gbps'?");
