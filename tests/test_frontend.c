@@ -981,7 +981,8 @@ Test(frontend_rules, integers_beyond_int64)
 
 Test(frontend_rules, sizes_overflowing_64_bits)
 {
-	/* 2^31 * 2^31 * 8 * 1 * 4 = 2^67: eager scores, at seq_len. */
+	/* 2^31 * 2^31 * 8 * 1 * 4 = 2^67: the scores, at seq_len; flash (the
+	 * default) names them as its work, eager as its stored bytes. */
 	expect_invalid("kiln: 1\n"
 	               "model:\n"
 	               "  layers: 4\n"
@@ -990,6 +991,22 @@ Test(frontend_rules, sizes_overflowing_64_bits)
 	               "  heads: 8\n"
 	               "  vocab: 100\n"
 	               "  seq_len: 2147483648\n"
+	               "training: {global_batch: 1}\n"
+	               "parallel: {devices: 1}\n"
+	               "hardware: bw1000\n",
+	               "m.yaml:8:12: error: flash attention's score count (its work) seq_len * "
+	               "seq_len * heads * micro_batch * 4 = 2147483648 * 2147483648 * 8 * 1 * 4 "
+	               "bytes reaches 2^62");
+	cr_expect_eq(count(diag_text, "error:"), 1, "%s", diag_text);
+	expect_invalid("kiln: 1\n"
+	               "model:\n"
+	               "  layers: 4\n"
+	               "  hidden: 64\n"
+	               "  ffn_hidden: 64\n"
+	               "  heads: 8\n"
+	               "  vocab: 100\n"
+	               "  seq_len: 2147483648\n"
+	               "  attention: eager\n"
 	               "training: {global_batch: 1}\n"
 	               "parallel: {devices: 1}\n"
 	               "hardware: bw1000\n",
