@@ -1245,6 +1245,16 @@ static int parse_trace(const char *path, kiln_arena *a, FILE *err, const kiln_lo
 		body += 3;
 		len -= 3;
 	}
+	/* A trace is text: a NUL byte (a binary file, a truncated write) is
+	 * refused wherever it is, a comment included. */
+	const char *nul = memchr(body, '\0', len);
+	if (nul) {
+		int64_t at = 1;
+		for (const char *q = body; q < nul; q++)
+			at += *q == '\n';
+		terr(&t, at, "a NUL byte: a trace is text (CSV), not a binary file\n");
+		goto done;
+	}
 	/* First pass: find the header and count the data rows, so the row
 	 * limit is enforced before anything big is allocated. */
 	const char *p = body, *end = body + len;

@@ -936,6 +936,40 @@ Test(loads, trace_key_errors)
 	            "%s:4: error: column 'rank' has the negative value '-2'\n");
 }
 
+/* A NUL byte anywhere, a comment or the header included, refuses the
+ * trace at its line (counted by hand below). */
+Test(loads, trace_with_a_nul_byte_is_refused)
+{
+	static const char comment[] = "# a rec\0orded run\n"
+	                              "iteration,microbatch,layer,rank,factor\n"
+	                              "0,0,0,0,1\n";
+	static const char header[] = "# a recorded run\n"
+	                             "iteration,micro\0batch,layer,rank,factor\n"
+	                             "0,0,0,0,1\n";
+	static const char row[] = "iteration,microbatch,layer,rank,factor\n"
+	                          "0,0,0,0,1\n"
+	                          "0,0,0,1,1\0\n";
+	const struct {
+		const char *text;
+		size_t len;
+		int line;
+	} cases[] = {{comment, sizeof comment - 1, 1},
+	             {header, sizeof header - 1, 2},
+	             {row, sizeof row - 1, 3}};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char *path = kt_temp_file(".csv", cases[i].text, cases[i].len);
+		char want[4096];
+		snprintf(want, sizeof want,
+		         "%s:%d: error: a NUL byte: a trace is text (CSV), not a binary file\n",
+		         path, cases[i].line);
+		kiln_load_profile *p = NULL;
+		cr_assert_eq(parse(path, 3.0, &p), -1, "case %zu parsed", i);
+		cr_expect_str_eq(diag, want);
+		unlink(path);
+		free(path);
+	}
+}
+
 Test(loads, trace_shape_errors)
 {
 	trace_fails("iteration,microbatch,layer,rank,factor\n"
