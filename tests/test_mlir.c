@@ -277,7 +277,9 @@ static const double HARD[] = {0.1,
 static kiln_task hard_tasks[N_HARD];
 static int32_t hard_deps[N_HARD][2];
 static kiln_template hard_templates[2];
-static int32_t tl_layers[3] = {7, 8, 9}, tl_templates[3] = {1, 0, 1};
+/* Each timeline names its own stage's templates (passes/verify.c). */
+static int32_t tl_layers[3] = {7, 8, 9}, tl_templates[3] = {0, 0, 0};
+static int32_t tl1_layers[1] = {10}, tl1_templates[1] = {1};
 static kiln_stage_timeline hard_tl[2];
 
 static kiln_plan_schedule hard_schedule(void)
@@ -321,7 +323,8 @@ static kiln_plan_schedule hard_schedule(void)
 	hard_templates[1] = (kiln_template){.stage = 1, .kind = KILN_LAYER_DENSE, .plan = -1};
 	hard_tl[0] = (kiln_stage_timeline){
 	    .stage = 0, .n_layers = 3, .layer = tl_layers, .template_id = tl_templates};
-	hard_tl[1] = (kiln_stage_timeline){.stage = 1};
+	hard_tl[1] = (kiln_stage_timeline){
+	    .stage = 1, .n_layers = 1, .layer = tl1_layers, .template_id = tl1_templates};
 	return (kiln_plan_schedule){.model = "m\"odel\\ \xe2\x9c\x93",
 	                            .templates = hard_templates,
 	                            .n_templates = 2,
@@ -517,6 +520,30 @@ Test(mlir_read, structure_errors)
 	expect_refused("version", ver, strlen(ver), "kiln.version is not 1");
 	static const char id[] = SCHEDULE(TEMPLATE("", "") TEMPLATE("", ""));
 	expect_refused("ids", id, strlen(id), "'id' is 0, outside [1, 1]");
+}
+
+/* passes/verify.c's schedule invariants hold on what viz reads: one
+ * timeline per stage in stage order, each naming its stage's templates. */
+#define TIMELINE_AT(stage, tpl)                                                                    \
+	"\"kiln.timeline\"() {layers = array<i32: 3>, stage = " stage " : i64, "                   \
+	"templates = array<i32: " tpl ">} : () -> ()\n"
+
+Test(mlir_read, timelines_in_stage_order_name_their_stages_templates)
+{
+	static const char far[] = SCHEDULE(TEMPLATE(TASK("", ""), "") TIMELINE_AT("0", "0")
+	                                       TIMELINE_AT("2147483647", "0"));
+	expect_refused("stage 2^31 - 1", far, strlen(far),
+	               "kiln.timeline 1: stage 2147483647, expected 1 (one timeline per stage");
+	static const char dup[] =
+	    SCHEDULE(TEMPLATE(TASK("", ""), "") TIMELINE_AT("0", "0") TIMELINE_AT("0", "0"));
+	expect_refused("stage twice", dup, strlen(dup), "kiln.timeline 1: stage 0, expected 1");
+	static const char other[] =
+	    SCHEDULE(TEMPLATE(TASK("", ""), "") TIMELINE_AT("0", "0") TIMELINE_AT("1", "0"));
+	expect_refused("another stage's template", other, strlen(other),
+	               "kiln.timeline 1: layer 3 names template 0 of stage 0");
+	static const char none[] = SCHEDULE(TEMPLATE(TASK("", ""), ""));
+	expect_refused("template of no stage", none, strlen(none),
+	               "kiln.template 0: stage 0, but there are 0 timelines");
 }
 
 Test(mlir_read, deep_nesting_is_refused_without_recursion)
