@@ -1049,34 +1049,45 @@ static int read_module(reader *r, MlirModule mod, kiln_plan_schedule *out)
 			i++;
 		}
 	}
-	/* As the compiler's verifier holds them (passes/verify.c,
-	 * check_schedule): one timeline per stage, in stage order, each naming
-	 * only its stage's templates; every template of a stage that exists. */
-	for (int32_t t = 0; t < n_tpl; t++)
-		if (out->templates[t].stage >= n_tl) {
-			report(&r->d, none,
-			       "kiln.template %d: stage %d, but there are %d timelines", (int)t,
-			       (int)out->templates[t].stage, (int)n_tl);
-			return -1;
-		}
-	for (int32_t s = 0; s < n_tl; s++) {
-		const kiln_stage_timeline *tl = &out->stages[s];
-		if (tl->stage != s) {
-			report(
-			    &r->d, none,
-			    "kiln.timeline %d: stage %d, expected %d (one timeline per stage, in "
-			    "stage order)",
-			    (int)s, (int)tl->stage, (int)s);
-			return -1;
-		}
-		for (int32_t l = 0; l < tl->n_layers; l++)
-			if (out->templates[tl->template_id[l]].stage != s) {
-				report(&r->d, none,
-				       "kiln.timeline %d: layer %d names template %d of stage %d",
-				       (int)s, (int)tl->layer[l], (int)tl->template_id[l],
-				       (int)out->templates[tl->template_id[l]].stage);
+	/* As the compiler builds them (passes/interleave.c) and its verifier
+	 * holds them (passes/verify.c, check_schedule): one timeline per stage,
+	 * in stage order, each naming only its stage's templates; every
+	 * template of a stage that exists. Reported at the op. */
+	j = i = 0;
+	for (MlirOperation o = first_op(body); !mlirOperationIsNull(o);
+	     o = mlirOperationGetNextInBlock(o)) {
+		MlirLocation at = mlirOperationGetLocation(o);
+		if (sref_eq(op_name(o), "kiln.template")) {
+			const kiln_template *t = &out->templates[j];
+			if (t->stage >= n_tl) {
+				report(&r->d, at,
+				       "kiln.template %d: stage %d, but there are %d timelines",
+				       (int)j, (int)t->stage, (int)n_tl);
 				return -1;
 			}
+			j++;
+			continue;
+		}
+		const kiln_stage_timeline *tl = &out->stages[i];
+		if (tl->stage != i) {
+			report(
+			    &r->d, at,
+			    "kiln.timeline %d: stage %d, expected %d (one timeline per stage, in "
+			    "stage order)",
+			    (int)i, (int)tl->stage, (int)i);
+			return -1;
+		}
+		for (int32_t l = 0; l < tl->n_layers; l++) {
+			const kiln_template *t = &out->templates[tl->template_id[l]];
+			if (t->stage != i) {
+				report(&r->d, at,
+				       "kiln.timeline %d: layer %d names template %d of stage %d",
+				       (int)i, (int)tl->layer[l], (int)tl->template_id[l],
+				       (int)t->stage);
+				return -1;
+			}
+		}
+		i++;
 	}
 	return 0;
 }

@@ -948,11 +948,12 @@ static void check_sizes(vctx *v)
 		               {"4", 4, NULL}};
 		/* Flash attention stores no scores, but its work is priced from the
 		 * same product (passes/lower.c), so the bound holds for both. */
-		bool eager = OK(ATTENTION) && VAL(ATTENTION) == KILN_ATTN_EAGER;
-		check_product(v,
-		              eager ? "eager attention scores"
-		                    : "flash attention's score count (its work)",
-		              "seq_len * seq_len * heads * micro_batch * 4", fs, 5);
+		const char *what = FLD(ATTENTION)->state == KILN_FE_BAD ? "attention scores"
+		                   : VAL(ATTENTION) == KILN_ATTN_EAGER
+		                       ? "eager attention scores"
+		                       : "attention scores (flash attention stores none, but "
+		                         "prices its work by them)";
+		check_product(v, what, "seq_len * seq_len * heads * micro_batch * 4", fs, 5);
 	}
 	if (OK(VOCAB)) {
 		factor fs[] = {{"seq_len", VAL(SEQ_LEN), seq},

@@ -109,7 +109,7 @@ int kiln_num_f64_parse(const char *s, size_t len, double lo, double hi, double *
 	double v = strtod(buf, NULL);
 	if (!isfinite(v) || !(v >= lo && v <= hi))
 		return KILN_NUM_RANGE;
-	*out = v;
+	*out = v + 0.0; /* -0 is 0: echoed as 0, never as -0 */
 	return KILN_NUM_OK;
 }
 

@@ -280,8 +280,14 @@ static void check_schedule(vctx *v)
 	const kiln_plan_schedule *sc = v->c->schedule;
 	for (int32_t i = 0; i < sc->n_templates; i++)
 		check_template(v, i, &sc->templates[i]);
+	if (sc->n_stages != v->c->graph->n_stages)
+		fail(v, "the schedule has %d timelines for %d stages", sc->n_stages,
+		     v->c->graph->n_stages);
 	for (int32_t s = 0; s < sc->n_stages; s++) {
 		const kiln_stage_timeline *tl = &sc->stages[s];
+		if (tl->stage != s)
+			fail(v, "timeline %d is stage %d's (one per stage, in stage order)", s,
+			     tl->stage);
 		for (int32_t k = 0; k < tl->n_layers; k++) {
 			int32_t id = tl->template_id[k];
 			if (id < 0 || id >= sc->n_templates || sc->templates[id].stage != s)

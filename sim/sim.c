@@ -140,9 +140,10 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 	w->m = (int32_t)m->micro_batches; /* checked by kiln_sim_run */
 	w->v = m->schedule == KILN_SCHED_INTERLEAVED && m->vpp > 1 ? (int32_t)m->vpp : 1;
 	w->ep = m->moe ? (int32_t)m->ep : 1;
-	w->groups = m->moe ? (int32_t)(m->dp * m->tp / m->ep) : 1;
-	if (w->groups < 1)
-		w->groups = 1;
+	/* As kiln_sim_cost_estimate counts them; a job of more than 2^31 - 1
+	 * groups is over the decision bound unless --groups caps it. */
+	int64_t groups = m->moe ? m->dp * m->tp / m->ep : 1;
+	w->groups = groups < 1 ? 1 : groups > INT32_MAX ? INT32_MAX : (int32_t)groups;
 	w->stages = kiln_arena_alloc(a, sizeof(stage_info) * (size_t)w->p);
 	if (!w->stages)
 		return -1;

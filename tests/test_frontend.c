@@ -994,9 +994,9 @@ Test(frontend_rules, sizes_overflowing_64_bits)
 	               "training: {global_batch: 1}\n"
 	               "parallel: {devices: 1}\n"
 	               "hardware: bw1000\n",
-	               "m.yaml:8:12: error: flash attention's score count (its work) seq_len * "
-	               "seq_len * heads * micro_batch * 4 = 2147483648 * 2147483648 * 8 * 1 * 4 "
-	               "bytes reaches 2^62");
+	               "m.yaml:8:12: error: attention scores (flash attention stores none, but "
+	               "prices its work by them) seq_len * seq_len * heads * micro_batch * 4 = "
+	               "2147483648 * 2147483648 * 8 * 1 * 4 bytes reaches 2^62");
 	cr_expect_eq(count(diag_text, "error:"), 1, "%s", diag_text);
 	expect_invalid("kiln: 1\n"
 	               "model:\n"

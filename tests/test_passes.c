@@ -302,3 +302,16 @@ Test(plan_verify, a_timeline_naming_another_stages_template)
 	expect_failure(&c, "is not one of the stage's");
 	kiln_arena_free(a);
 }
+
+Test(plan_verify, timelines_out_of_stage_order_or_missing)
+{
+	kiln_arena *a;
+	kiln_compilation c = llama(&a);
+	cr_assert_gt(c.schedule->n_stages, 1);
+	c.schedule->stages[1].stage = 0; /* stage 0 twice */
+	expect_failure(&c, "timeline 1 is stage 0's (one per stage, in stage order)");
+	c.schedule->stages[1].stage = 1;
+	c.schedule->n_stages--;
+	expect_failure(&c, "timelines for");
+	kiln_arena_free(a);
+}

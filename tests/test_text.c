@@ -3,6 +3,7 @@
  * numbers as written in decimal by hand. */
 #include <criterion/criterion.h>
 #include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -83,6 +84,12 @@ Test(text, decimals_are_decimal_notation_only)
 	cr_assert_eq(v, -3.0);
 	cr_assert_eq(f64("1E2", &v), KILN_NUM_OK);
 	cr_assert_eq(v, 100.0);
+	/* -0 is 0: its sign bit is cleared (docs/cli.md, "Numbers"). */
+	const char *zeros[] = {"-0", "-0.0", "-0e5", "-.0"};
+	for (size_t i = 0; i < sizeof zeros / sizeof zeros[0]; i++) {
+		cr_assert_eq(f64(zeros[i], &v), KILN_NUM_OK, "'%s'", zeros[i]);
+		cr_assert(v == 0 && !signbit(v), "'%s' read as %g", zeros[i], v);
+	}
 	v = 7;
 	const char *bad[] = {"",      ".",    "e5",   "1e",   "1e+", " 1.5", "1.5 ",
 	                     "0x1p1", "0X10", "inf",  "-inf", "nan", "NaN",  "infinity",

@@ -114,10 +114,8 @@ int kilnc_arg_u64(const char *cmd, const char *opt, const char *v, uint64_t lo, 
 int kilnc_arg_f64(const char *cmd, const char *opt, const char *v, double lo, double hi,
                   double *out)
 {
-	if (kiln_num_f64_parse(v, strlen(v), lo, hi, out) == KILN_NUM_OK) {
-		*out += 0.0; /* "-0" is 0: echoed as 0 in text and JSON */
+	if (kiln_num_f64_parse(v, strlen(v), lo, hi, out) == KILN_NUM_OK)
 		return KILNC_EXIT_OK;
-	}
 	char buf[200];
 	kilnc_usage(cmd, "%s: must be a decimal number from %.15g to %.15g, got '%s'", opt, lo, hi,
 	            kilnc_shown(v, buf, sizeof buf));
