@@ -140,10 +140,10 @@ static int build_world(const kiln_compilation *c, kiln_arena *a, world *w)
 	w->m = (int32_t)m->micro_batches; /* checked by kiln_sim_run */
 	w->v = m->schedule == KILN_SCHED_INTERLEAVED && m->vpp > 1 ? (int32_t)m->vpp : 1;
 	w->ep = m->moe ? (int32_t)m->ep : 1;
-	/* As kiln_sim_cost_estimate counts them; a job of more than 2^31 - 1
-	 * groups is over the decision bound unless --groups caps it. */
-	int64_t groups = m->moe ? m->dp * m->tp / m->ep : 1;
-	w->groups = groups < 1 ? 1 : groups > INT32_MAX ? INT32_MAX : (int32_t)groups;
+	/* Saturated: a job of more than 2^31 - 1 groups is over the decision
+	 * bound unless --groups caps it (kiln_sim_groups). */
+	int64_t groups = kiln_sim_groups(m, 0);
+	w->groups = groups > INT32_MAX ? INT32_MAX : (int32_t)groups;
 	w->stages = kiln_arena_alloc(a, sizeof(stage_info) * (size_t)w->p);
 	if (!w->stages)
 		return -1;
@@ -1518,6 +1518,14 @@ static int32_t threads_for(const kiln_sim_config *cfg, int32_t n)
 	return threads < KILN_SIM_MAX_THREADS ? threads : KILN_SIM_MAX_THREADS;
 }
 
+int64_t kiln_sim_groups(const kiln_model *m, int32_t max_groups)
+{
+	int64_t groups = m->moe ? m->dp * m->tp / m->ep : 1;
+	if (groups < 1)
+		groups = 1;
+	return max_groups > 0 && max_groups < groups ? max_groups : groups;
+}
+
 int kiln_sim_cost_estimate(const kiln_sim_config *cfg, int32_t n, kiln_sim_cost *out)
 {
 	const kiln_compilation *c = cfg->c;
@@ -1526,11 +1534,7 @@ int kiln_sim_cost_estimate(const kiln_sim_config *cfg, int32_t n, kiln_sim_cost 
 	double p = g->n_stages, mb = (double)m->micro_batches;
 	double v = m->schedule == KILN_SCHED_INTERLEAVED && m->vpp > 1 ? (double)m->vpp : 1;
 	double ep = m->moe ? (double)m->ep : 1;
-	double groups = m->moe ? (double)(m->dp * m->tp / m->ep) : 1;
-	if (groups < 1)
-		groups = 1;
-	if (cfg->max_groups > 0 && cfg->max_groups < groups)
-		groups = cfg->max_groups;
+	double groups = (double)kiln_sim_groups(m, cfg->max_groups);
 	double most = 1, n_moe = 0;
 	for (int32_t s = 0; s < g->n_stages; s++) {
 		double nl = g->stages[s].layer_end - g->stages[s].layer_begin;

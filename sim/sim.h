@@ -757,6 +757,10 @@ typedef struct kiln_sim_cost {
 #define KILN_SIM_MAX_BYTES (4.0 * 1073741824.0)
 #define KILN_SIM_CPU_US_PER_DECISION 0.12
 
+/* The EP groups of m's job, dp * tp / ep (1 for a dense model), or the
+ * first max_groups of them when max_groups > 0 is fewer (--groups). */
+int64_t kiln_sim_groups(const kiln_model *m, int32_t max_groups);
+
 /* Fills out for n policies (1 to 128: megatron-paged-stash counts as two, its
  * rerun) of cfg (cfg->c finished). Returns 0. */
 int kiln_sim_cost_estimate(const kiln_sim_config *cfg, int32_t n, kiln_sim_cost *out);

@@ -979,37 +979,29 @@ Test(frontend_rules, integers_beyond_int64)
 	               "m.yaml:10:21: error: integer out of range for 'devices'");
 }
 
+/* A model whose attention scores overflow at seq_len, with extra model keys. */
+#define SCORES_YAML(extra)                                                                         \
+	"kiln: 1\n"                                                                                \
+	"model:\n"                                                                                 \
+	"  layers: 4\n"                                                                            \
+	"  hidden: 64\n"                                                                           \
+	"  ffn_hidden: 64\n"                                                                       \
+	"  heads: 8\n"                                                                             \
+	"  vocab: 100\n"                                                                           \
+	"  seq_len: 2147483648\n" extra "training: {global_batch: 1}\n"                            \
+	"parallel: {devices: 1}\n"                                                                 \
+	"hardware: bw1000\n"
+
 Test(frontend_rules, sizes_overflowing_64_bits)
 {
 	/* 2^31 * 2^31 * 8 * 1 * 4 = 2^67: the scores, at seq_len; flash (the
 	 * default) names them as its work, eager as its stored bytes. */
-	expect_invalid("kiln: 1\n"
-	               "model:\n"
-	               "  layers: 4\n"
-	               "  hidden: 64\n"
-	               "  ffn_hidden: 64\n"
-	               "  heads: 8\n"
-	               "  vocab: 100\n"
-	               "  seq_len: 2147483648\n"
-	               "training: {global_batch: 1}\n"
-	               "parallel: {devices: 1}\n"
-	               "hardware: bw1000\n",
+	expect_invalid(SCORES_YAML(""),
 	               "m.yaml:8:12: error: attention scores (flash attention stores none, but "
 	               "prices its work by them) seq_len * seq_len * heads * micro_batch * 4 = "
 	               "2147483648 * 2147483648 * 8 * 1 * 4 bytes reaches 2^62");
 	cr_expect_eq(count(diag_text, "error:"), 1, "%s", diag_text);
-	expect_invalid("kiln: 1\n"
-	               "model:\n"
-	               "  layers: 4\n"
-	               "  hidden: 64\n"
-	               "  ffn_hidden: 64\n"
-	               "  heads: 8\n"
-	               "  vocab: 100\n"
-	               "  seq_len: 2147483648\n"
-	               "  attention: eager\n"
-	               "training: {global_batch: 1}\n"
-	               "parallel: {devices: 1}\n"
-	               "hardware: bw1000\n",
+	expect_invalid(SCORES_YAML("  attention: eager\n"),
 	               "m.yaml:8:12: error: eager attention scores seq_len * seq_len * heads * "
 	               "micro_batch * 4 = 2147483648 * 2147483648 * 8 * 1 * 4 bytes reaches 2^62");
 	cr_expect_eq(count(diag_text, "error:"), 1, "%s", diag_text);

@@ -534,14 +534,8 @@ int kilnc_simulate(int argc, char **argv)
 		kiln_json_add_bool(doc, "slack", !no_slack);
 		kiln_json_add_number(doc, "restart_s", restart_s);
 		kiln_json_add_i64(doc, "checkpoint_every", n_ckpt);
-		/* The groups simulated and the job's, from the simulator's own count. */
-		kiln_sim_config all = cfg;
-		all.max_groups = 0;
-		kiln_sim_cost k_run, k_all;
-		kiln_sim_cost_estimate(&cfg, n, &k_run);
-		kiln_sim_cost_estimate(&all, n, &k_all);
-		kiln_json_add_i64(doc, "groups", (int64_t)k_run.groups);
-		kiln_json_add_i64(doc, "groups_total", (int64_t)k_all.groups);
+		kiln_json_add_i64(doc, "groups", kiln_sim_groups(cfg.c->model, cfg.max_groups));
+		kiln_json_add_i64(doc, "groups_total", kiln_sim_groups(cfg.c->model, 0));
 		kiln_json *ps = kiln_json_add_array(doc, "policies");
 		for (int32_t k = 0; k < n; k++) {
 			const kiln_sim_result *r = &res[k];
