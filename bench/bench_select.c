@@ -67,6 +67,55 @@ static uint64_t next(void)
 
 #define POOL 4096 /* distinct queries, cycled (about 300 KiB with their token vectors) */
 #define EXPERTS 8
+#define GROUP 8 /* ranks of an EP group, for the queries with group counts */
+
+/* Times n_queries calls over the pool qs (cycled), printing the median,
+ * p99 and p99.9 per call from the time-stamp counter (less the cost of
+ * reading it twice) and the wall clock with and without the timing. */
+static void time_queries(const kiln_rt *rt, const kiln_query *qs, long n_queries,
+                         uint64_t *per_call, const char *label)
+{
+	uint64_t overhead = UINT64_MAX;
+	for (int i = 0; i < 100000; i++) {
+		uint64_t t0 = ticks();
+		uint64_t d = ticks() - t0;
+		overhead = d < overhead ? d : overhead;
+	}
+	double tick_t0 = now_s();
+	uint64_t tick0 = ticks();
+	kiln_plan p;
+	uint64_t checksum = 0;
+	double w0 = now_s();
+	for (long i = 0; i < n_queries; i++) {
+		const kiln_query *q = &qs[i & (POOL - 1)];
+		uint64_t t0 = ticks();
+		kiln_rt_select(rt, q, &p);
+		uint64_t d = ticks() - t0;
+		per_call[i] = d > overhead ? d - overhead : 0;
+		checksum += (uint64_t)p.plan;
+	}
+	double wall = now_s() - w0;
+	double ns_per_tick = (now_s() - tick_t0) * 1e9 / (double)(ticks() - tick0);
+	qsort(per_call, (size_t)n_queries, sizeof(uint64_t), cmp_u64);
+	double med = per_call[n_queries / 2] * ns_per_tick;
+	double p99 = per_call[(size_t)(n_queries * 0.99)] * ns_per_tick;
+	double p999 = per_call[(size_t)(n_queries * 0.999)] * ns_per_tick;
+	printf("kiln_rt_select, %s, over %ld random queries:\n", label, n_queries);
+	printf("  per call: median %.1f ns (target < 50), p99 %.1f ns (target < 200), p99.9 %.1f "
+	       "ns\n",
+	       med, p99, p999);
+	printf("  wall clock: %.1f ns per call including the timing itself (checksum %llu)\n",
+	       wall * 1e9 / (double)n_queries, (unsigned long long)checksum);
+	/* Without the per-call timing: the loop alone. */
+	w0 = now_s();
+	for (long i = 0; i < n_queries; i++) {
+		kiln_rt_select(rt, &qs[i & (POOL - 1)], &p);
+		checksum += (uint64_t)p.plan;
+	}
+	wall = now_s() - w0;
+	printf("  untimed loop: %.1f ns per call (checksum %llu)\n", wall * 1e9 / (double)n_queries,
+	       (unsigned long long)checksum);
+}
 
 int main(int argc, char **argv)
 {
@@ -123,7 +172,8 @@ int main(int argc, char **argv)
 	}
 	kiln_query *qs = calloc(POOL, sizeof *qs);
 	uint32_t *tokens = calloc((size_t)POOL * EXPERTS, sizeof(uint32_t));
-	if (!qs || !tokens || !n_layers)
+	uint32_t *group = calloc((size_t)POOL * GROUP, sizeof(uint32_t));
+	if (!qs || !tokens || !group || !n_layers)
 		return 1;
 	for (int i = 0; i < POOL; i++) {
 		kiln_rt_layer_info li;
@@ -144,55 +194,35 @@ int main(int argc, char **argv)
 		                     .pending = (uint32_t)(next() % 4 == 0)};
 	}
 
-	/* Per-call ticks, and the cost of reading the counter twice. */
 	uint64_t *per_call = malloc(sizeof(uint64_t) * (size_t)n_queries);
 	if (!per_call)
 		return 1;
-	uint64_t overhead = UINT64_MAX;
-	for (int i = 0; i < 100000; i++) {
-		uint64_t t0 = ticks();
-		uint64_t d = ticks() - t0;
-		overhead = d < overhead ? d : overhead;
+	printf("queries over %d layers of %d stages, %d experts per query\n", n_layers,
+	       info.n_stages, EXPERTS);
+	time_queries(rt, qs, n_queries, per_call, "no group counts");
+	/* The same queries with an EP group of GROUP ranks' rows (this rank's
+	 * and GROUP - 1 others drawn as the loads above): step 8 of select (the
+	 * group's slowest rank) decides the most loaded rank's point too. */
+	for (int i = 0; i < POOL; i++) {
+		kiln_rt_layer_info li;
+		kiln_rt_layer_get(rt, qs[i].layer, &li);
+		uint32_t *g = group + (size_t)i * GROUP;
+		uint64_t mine = 0;
+		for (int e = 0; e < EXPERTS; e++)
+			mine += qs[i].tokens[e];
+		g[0] = (uint32_t)mine;
+		for (int r = 1; r < GROUP; r++) {
+			double x = (double)(next() % 1000000) / 1e6 * 1.2 * info.max_factor;
+			g[r] = (uint32_t)(x * (double)li.balanced_rows);
+		}
+		qs[i].group_rows = g;
+		qs[i].group_size = GROUP;
 	}
-	double tick_t0 = now_s();
-	uint64_t tick0 = ticks();
-	kiln_plan p;
-	uint64_t checksum = 0;
-	double w0 = now_s();
-	for (long i = 0; i < n_queries; i++) {
-		const kiln_query *q = &qs[i & (POOL - 1)];
-		uint64_t t0 = ticks();
-		kiln_rt_select(rt, q, &p);
-		uint64_t d = ticks() - t0;
-		per_call[i] = d > overhead ? d - overhead : 0;
-		checksum += (uint64_t)p.plan;
-	}
-	double wall = now_s() - w0;
-	double ns_per_tick = (now_s() - tick_t0) * 1e9 / (double)(ticks() - tick0);
-	qsort(per_call, (size_t)n_queries, sizeof(uint64_t), cmp_u64);
-	double med = per_call[n_queries / 2] * ns_per_tick;
-	double p99 = per_call[(size_t)(n_queries * 0.99)] * ns_per_tick;
-	double p999 = per_call[(size_t)(n_queries * 0.999)] * ns_per_tick;
-	printf("kiln_rt_select over %ld random queries (%d layers, %d stages, %d experts per query):\n",
-	       n_queries, n_layers, info.n_stages, EXPERTS);
-	printf("  per call: median %.1f ns (target < 50), p99 %.1f ns (target < 200), p99.9 %.1f "
-	       "ns\n",
-	       med, p99, p999);
-	printf("  wall clock: %.1f ns per call including the timing itself (checksum %llu)\n",
-	       wall * 1e9 / (double)n_queries, (unsigned long long)checksum);
-
-	/* Without the per-call timing: the loop alone. */
-	w0 = now_s();
-	for (long i = 0; i < n_queries; i++) {
-		kiln_rt_select(rt, &qs[i & (POOL - 1)], &p);
-		checksum += (uint64_t)p.plan;
-	}
-	wall = now_s() - w0;
-	printf("  untimed loop: %.1f ns per call (checksum %llu)\n", wall * 1e9 / (double)n_queries,
-	       (unsigned long long)checksum);
+	time_queries(rt, qs, n_queries, per_call, "with the counts of an EP group of 8 ranks");
 	free(per_call);
 	free(qs);
 	free(tokens);
+	free(group);
 	free(layers);
 	kiln_rt_close(rt);
 	free(blob);

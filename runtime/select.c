@@ -78,6 +78,93 @@ static void group_substitute(const kiln_rt *rt, const kiln_blob_set *S, const ki
 		out->flags |= KILN_PLAN_OVER_BUDGET;
 }
 
+/* What select decides with besides the table (docs/runtime.md, steps 4
+ * and 5): free memory, the pending micro-batches, the deciding
+ * micro-batch's held bytes, the reserve's base and the room kept for each
+ * pending micro-batch on tries 0 and 1, and the stage's fair scale. */
+typedef struct {
+	uint64_t free_bytes, held_self, base, roomy;
+	uint32_t pending;
+	double share_scale;
+} select_budget;
+
+/* Steps 5 to 7 for table ti of layer L: the three tries, the first point
+ * that saves what the try needs, and the knee. Returns the point's index
+ * in the table, or n_points when no try fits (the caller takes the last
+ * point, over budget); *need and *avail are the try's (the last try's
+ * when none fits). */
+static inline uint32_t choose_point(const kiln_rt *rt, const kiln_blob_stage *st,
+                                    const kiln_blob_layer *L, size_t ti, const select_budget *c,
+                                    uint64_t *need, uint64_t *avail)
+{
+	const kiln_blob_table *t = &rt->tables[ti];
+	const uint16_t *plut = rt->point_lut + ti * (KILN_RTI_POINT_SLOTS + 1);
+	const kiln_blob_point *pts = &rt->points[t->first_point];
+	uint32_t last_q = pts[t->n_points - 1].saved_q, lo = t->n_points;
+	int pass_used = 0;
+	/* The share through this layer, with this layer's part scaled from
+	 * load 1 to this bucket as the keep-everything bytes scale. */
+	double part =
+	    L->steady_keep_bytes
+	        ? (double)L->steady_bytes * ((double)t->keep_bytes / (double)L->steady_keep_bytes)
+	        : (double)L->steady_bytes;
+	double fair = c->share_scale * ((double)(L->head_steady_bytes - L->steady_bytes) + part) -
+	              (double)c->held_self;
+	uint64_t share = fair > 0 ? (fair < 1.8e19 ? (uint64_t)fair : UINT64_MAX) : 0;
+	*need = *avail = 0;
+	for (int pass = 0; pass < 3; pass++) {
+		if (pass == 2 && !c->pending)
+			break;
+		uint64_t reserve =
+		    sat_add(c->base, sat_mul(c->pending, pass == 2 ? st->floor_bytes : c->roomy));
+		*avail = c->free_bytes > reserve ? c->free_bytes - reserve : 0;
+		if (pass == 0 && *avail > share)
+			*avail = share;
+		/* Bytes to save round up to the table's quantum; the first point
+		 * that saves that much is the cheapest (points ascend in both). */
+		*need = t->keep_bytes > *avail ? t->keep_bytes - *avail : 0;
+		uint64_t need_q = *need / t->quantum_bytes + (*need % t->quantum_bytes != 0);
+		if (need_q > last_q) {
+			lo = t->n_points;
+			continue;
+		}
+		/* The table's lookup entry one below the slot, then a scan. */
+		uint32_t j = (uint32_t)((double)need_q * rt->point_scale[ti]);
+		j = j > KILN_RTI_POINT_SLOTS ? KILN_RTI_POINT_SLOTS : j;
+		lo = plut[j ? j - 1 : 0];
+		while (pts[lo].saved_q < need_q)
+			lo++;
+		pass_used = pass;
+		break;
+	}
+	/* The knee (docs/runtime.md, step 7): where this layer must save, or
+	 * takes more than its share, what it keeps the micro-batch's later
+	 * layers lack; it saves the most it can within a small fraction of
+	 * the table's maximal-saving cost of the cheapest (each point's knee
+	 * is found at open). */
+	if (lo < t->n_points && (*need || pass_used))
+		lo = rt->point_knee[t->first_point + lo];
+	return lo;
+}
+
+/* The bucket of rows in set S (load rounds up: the first bucket whose
+ * largest row count holds rows; the last past it). */
+static inline uint32_t bucket_of(const kiln_rt *rt, uint32_t set, uint64_t rows)
+{
+	uint32_t nb = rt->meta->n_buckets;
+	const kiln_blob_bucket *bk = &rt->buckets[(size_t)set * nb];
+	if (rows > bk[nb - 1].max_rows)
+		return nb - 1;
+	/* An index into the set's lookup table, one entry early, then a short
+	 * scan (open.c, build_lut). */
+	uint32_t j = (uint32_t)((double)rows * rt->bucket_scale[set]);
+	j = j > KILN_RTI_BUCKET_SLOTS ? KILN_RTI_BUCKET_SLOTS : j;
+	uint32_t b = rt->bucket_lut[(size_t)set * (KILN_RTI_BUCKET_SLOTS + 1) + (j ? j - 1 : 0)];
+	while (bk[b].max_rows < rows)
+		b++;
+	return b;
+}
+
 int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 {
 	if (!rt || !q || !out)
@@ -103,24 +190,13 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 			rows += q->tokens[i];
 	}
 
-	/* Load rounds up: the first bucket whose largest row count holds rows. */
 	uint32_t nb = rt->meta->n_buckets, flags = 0, b = 0;
-	const kiln_blob_bucket *bk = &rt->buckets[(size_t)L->set * nb];
 	double lf = 0;
 	if (S->balanced_rows) {
 		lf = (double)rows / (double)S->balanced_rows;
-		if (rows > bk[nb - 1].max_rows) {
-			b = nb - 1;
+		b = bucket_of(rt, L->set, rows);
+		if (rows > rt->buckets[(size_t)L->set * nb + nb - 1].max_rows)
 			flags |= KILN_PLAN_LOAD_BEYOND;
-		} else {
-			/* An index into the set's lookup table, one entry early,
-			 * then a short scan (open.c, build_lut). */
-			uint32_t j = (uint32_t)((double)rows * rt->bucket_scale[L->set]);
-			j = j > KILN_RTI_BUCKET_SLOTS ? KILN_RTI_BUCKET_SLOTS : j;
-			b = rt->bucket_lut[(size_t)L->set * (KILN_RTI_BUCKET_SLOTS + 1) + (j ? j - 1 : 0)];
-			while (bk[b].max_rows < rows)
-				b++;
-		}
 	}
 
 	/* Free memory, and what must stay free for later work: the floor of
@@ -155,69 +231,50 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	 * 1. the share dropped (a spike may use whatever is free);
 	 * 2. pending micro-batches kept only their floor, all they need to be
 	 *    safe. */
-	uint64_t base = sat_add(L->tail_floor_bytes, st->transient_bytes);
-	/* The fair scale (open.c, fair_scale): the share is an n-th of the
-	 * room; the room kept for pending micro-batches shrinks with it where
-	 * the stage cannot hold its window at the steady plan beside the
-	 * largest transient, and never grows. */
-	double share_scale = rt->fair_scale[q->stage];
-	double scale = share_scale < 1 ? share_scale : 1;
+	select_budget c = {.free_bytes = free_bytes,
+	                   .held_self = held_self,
+	                   .base = sat_add(L->tail_floor_bytes, st->transient_bytes),
+	                   .pending = pending,
+	                   /* The fair scale (open.c, fair_scale): the share is an
+	                    * n-th of the room; the room kept for pending
+	                    * micro-batches shrinks with it where the stage cannot
+	                    * hold its window at the steady plan beside the largest
+	                    * transient, and never grows. */
+	                   .share_scale = rt->fair_scale[q->stage]};
+	double scale = c.share_scale < 1 ? c.share_scale : 1;
 	/* Below 1 the product is below 2^64 (no cast out of range). */
 	uint64_t steady =
 	    scale >= 1 ? st->steady_bytes : (uint64_t)((double)st->steady_bytes * scale);
-	uint64_t roomy = steady > st->floor_bytes ? steady : st->floor_bytes;
+	c.roomy = steady > st->floor_bytes ? steady : st->floor_bytes;
 	size_t ti = (size_t)L->set * nb + b;
 	const kiln_blob_table *t = &rt->tables[ti];
-	const uint16_t *plut = rt->point_lut + ti * (KILN_RTI_POINT_SLOTS + 1);
-	uint32_t last_q = rt->points[t->first_point + t->n_points - 1].saved_q;
 	const kiln_blob_point *pts = &rt->points[t->first_point];
-	uint64_t avail = 0, need = 0;
-	uint32_t lo = 0;
-	int pass_used = 0;
-	/* The share through this layer, with this layer's part scaled from
-	 * load 1 to this bucket as the keep-everything bytes scale. */
-	double part =
-	    L->steady_keep_bytes
-	        ? (double)L->steady_bytes * ((double)t->keep_bytes / (double)L->steady_keep_bytes)
-	        : (double)L->steady_bytes;
-	double fair = share_scale * ((double)(L->head_steady_bytes - L->steady_bytes) + part) -
-	              (double)held_self;
-	uint64_t share = fair > 0 ? (fair < 1.8e19 ? (uint64_t)fair : UINT64_MAX) : 0;
-	for (int pass = 0; pass < 3; pass++) {
-		if (pass == 2 && !pending)
-			break;
-		uint64_t reserve =
-		    sat_add(base, sat_mul(pending, pass == 2 ? st->floor_bytes : roomy));
-		avail = free_bytes > reserve ? free_bytes - reserve : 0;
-		if (pass == 0 && avail > share)
-			avail = share;
-		/* Bytes to save round up to the table's quantum; the first point
-		 * that saves that much is the cheapest (points ascend in both). */
-		need = t->keep_bytes > avail ? t->keep_bytes - avail : 0;
-		uint64_t need_q = need / t->quantum_bytes + (need % t->quantum_bytes != 0);
-		if (need_q > last_q) {
-			lo = t->n_points;
-			continue;
-		}
-		/* The table's lookup entry one below the slot, then a scan. */
-		uint32_t j = (uint32_t)((double)need_q * rt->point_scale[ti]);
-		j = j > KILN_RTI_POINT_SLOTS ? KILN_RTI_POINT_SLOTS : j;
-		lo = plut[j ? j - 1 : 0];
-		while (pts[lo].saved_q < need_q)
-			lo++;
-		pass_used = pass;
-		break;
-	}
+	uint64_t avail, need;
+	uint32_t lo = choose_point(rt, st, L, ti, &c, &need, &avail);
 	if (lo == t->n_points) {
 		lo = t->n_points - 1;
 		flags |= KILN_PLAN_OVER_BUDGET;
-	} else if (need || pass_used) {
-		/* The knee (docs/runtime.md, step 7): where this layer must save,
-		 * or takes more than its share, what it keeps the micro-batch's
-		 * later layers lack; it saves the most it can within a small
-		 * fraction of the table's maximal-saving cost of the cheapest
-		 * (each point's knee is found at open). */
-		lo = rt->point_knee[t->first_point + lo];
+	} else if (!fallback && S->balanced_rows && group_max > rows) {
+		/* Step 8, the group's slowest rank (docs/runtime.md): a layer
+		 * takes as long as the group's slowest rank, so exposed time up
+		 * to what the group's most loaded rank takes costs the group
+		 * nothing. That rank's decision, by steps 3 to 7 at its rows
+		 * with this rank's memory, bounds the exposure; this rank saves
+		 * the most it can within it. */
+		uint64_t n2, a2;
+		size_t to = (size_t)L->set * nb + bucket_of(rt, L->set, group_max);
+		uint32_t p2 = choose_point(rt, st, L, to, &c, &n2, &a2);
+		const kiln_blob_table *t2 = &rt->tables[to];
+		float bound =
+		    rt->points[t2->first_point + (p2 < t2->n_points ? p2 : t2->n_points - 1)]
+		        .exposed_us;
+		if (bound > pts[lo].exposed_us) {
+			uint32_t from = lo;
+			while (lo + 1 < t->n_points && pts[lo + 1].exposed_us <= bound)
+				lo++;
+			if (lo != from)
+				flags |= KILN_PLAN_GROUP_SLACK;
+		}
 	}
 	const kiln_blob_point *p = &pts[lo];
 	const kiln_blob_plan *pl = &rt->plans[p->plan];

@@ -214,19 +214,22 @@ typedef struct kiln_query {
 	 * rows every rank of this device's EP group receives at this layer, as
 	 * the count exchange before the dispatch all-to-all tells every rank
 	 * (group_size entries, this rank's among them, in any order); NULL or
-	 * group_size 0: no group counts, today's decision. */
+	 * group_size 0: no group counts (no group plan, no step 8's slack). */
 	const uint32_t *group_rows;
 	int32_t group_size;
 } kiln_query;
 
 enum {
-	KILN_PLAN_OVER_BUDGET = 1u << 0,   /* nothing fits: the maximal-saving plan, best effort */
-	KILN_PLAN_LOAD_BEYOND = 1u << 1,   /* load above max_factor: the last bucket's numbers,
-	                                      which underestimate */
-	KILN_PLAN_GROUP_FALLBACK = 1u << 2 /* some rank of the group is past the set's
-	                                      fit_rows: the group's plan (full recompute's,
-	                                      or a cheaper one that never holds more device
-	                                      memory), the same on every rank of the group */
+	KILN_PLAN_OVER_BUDGET = 1u << 0,    /* nothing fits: the maximal-saving plan, best effort */
+	KILN_PLAN_LOAD_BEYOND = 1u << 1,    /* load above max_factor: the last bucket's numbers,
+	                                       which underestimate */
+	KILN_PLAN_GROUP_FALLBACK = 1u << 2, /* some rank of the group is past the set's
+	                                       fit_rows: the group's plan (full recompute's,
+	                                       or a cheaper one that never holds more device
+	                                       memory), the same on every rank of the group */
+	KILN_PLAN_GROUP_SLACK = 1u << 3     /* a more loaded rank of the group takes longer:
+	                                       the plan saves more than this rank needs, within
+	                                       the exposed time of that rank's decision */
 };
 
 typedef struct kiln_plan {

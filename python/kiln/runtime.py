@@ -23,7 +23,8 @@ __all__ = [
     "KilnError", "Runtime", "Plan", "CopyEngine", "probe", "strerror", "library_path",
     "KEEP", "RECOMPUTE", "OFFLOAD", "ACTIONS",
     "UNIT_LAYER_INPUT", "UNIT_COLLECTIVE", "UNIT_RNG", "UNIT_EXPERT",
-    "PLAN_OVER_BUDGET", "PLAN_LOAD_BEYOND", "PLAN_GROUP_FALLBACK", "FREE_FROM_ACCOUNTING",
+    "PLAN_OVER_BUDGET", "PLAN_LOAD_BEYOND", "PLAN_GROUP_FALLBACK", "PLAN_GROUP_SLACK",
+    "FREE_FROM_ACCOUNTING",
     "ACCT_PRODUCED", "ACCT_FREED", "ACCT_OFFLOADED", "ACCT_RELOADED", "ACCT_DROPPED",
     "COPY_HOST", "COPY_HIP", "COPY_CUDA",
 ]
@@ -38,7 +39,7 @@ KEEP, RECOMPUTE, OFFLOAD = 0, 1, 2
 ACTIONS = ("keep", "recompute", "offload")
 
 UNIT_LAYER_INPUT, UNIT_COLLECTIVE, UNIT_RNG, UNIT_EXPERT = 1, 2, 4, 8
-PLAN_OVER_BUDGET, PLAN_LOAD_BEYOND, PLAN_GROUP_FALLBACK = 1, 2, 4
+PLAN_OVER_BUDGET, PLAN_LOAD_BEYOND, PLAN_GROUP_FALLBACK, PLAN_GROUP_SLACK = 1, 2, 4, 8
 FREE_FROM_ACCOUNTING = 2**64 - 1
 
 ACCT_PRODUCED, ACCT_FREED, ACCT_OFFLOADED, ACCT_RELOADED, ACCT_DROPPED = 0, 1, 2, 3, 4
@@ -356,7 +357,8 @@ class Plan:
     exposed_us = property(lambda self: self._p.exposed_us,
                           doc="estimated extra time on the critical path, microseconds")
     flags = property(lambda self: self._p.flags,
-                     doc="PLAN_OVER_BUDGET | PLAN_LOAD_BEYOND | PLAN_GROUP_FALLBACK")
+                     doc="PLAN_OVER_BUDGET | PLAN_LOAD_BEYOND | PLAN_GROUP_FALLBACK"
+                         " | PLAN_GROUP_SLACK")
     transient_bytes = property(lambda self: self._p.transient_bytes,
                                doc="the group plan's backward transient (else 0)")
     group_max_rows = property(lambda self: self._p.group_max_rows,
@@ -373,6 +375,10 @@ class Plan:
     @property
     def group_fallback(self):
         return bool(self.flags & PLAN_GROUP_FALLBACK)
+
+    @property
+    def group_slack(self):
+        return bool(self.flags & PLAN_GROUP_SLACK)
 
     def action(self, unit):
         """The action (a string) of unit, given by name or index."""
@@ -699,7 +705,10 @@ class Runtime(_Closing):
         ints, or anything with .tolist()); when some rank has more rows than
         the set's fit_rows (Runtime.group), every rank of the group gets
         the same group plan (Plan.group_fallback; docs/runtime.md,
-        "Beyond the declared load"). None: today's decision. Thread-safe;
+        "Beyond the declared load"); otherwise a rank with fewer rows than
+        the group's most may save more within the most loaded rank's
+        exposed time (Plan.group_slack; docs/runtime.md, step 8). None:
+        steps 1 to 7 alone. Thread-safe;
         about 3 us from a list of counts (docs/python.md)."""
         h = self._h
         if h is None:

@@ -410,8 +410,21 @@ def test_group_rows_fall_back_together_beyond_the_declared_load(tiny_blob):
                     assert p.group_fallback == beyond
                     assert p.group_max_rows == max(group)
                     if not beyond:
-                        assert (p.plan, p.resident_bytes, p.flags) == \
-                            (alone.plan, alone.resident_bytes, alone.flags)
+                        # Step 8 (docs/runtime.md, "The group's slowest
+                        # rank"): a rank with fewer rows than the group's
+                        # most may save more, within the exposed time of the
+                        # decision at the most rows; otherwise the counts
+                        # change nothing.
+                        top = rt.select(stage, layer, max(group), 4 << 20)
+                        if p.group_slack:
+                            assert mine < max(group) and li.moe
+                            assert p.bucket == alone.bucket
+                            assert p.saved_bytes > alone.saved_bytes
+                            assert alone.exposed_us < p.exposed_us <= top.exposed_us
+                            assert p.flags == alone.flags | runtime.PLAN_GROUP_SLACK
+                        else:
+                            assert (p.plan, p.resident_bytes, p.flags) == \
+                                (alone.plan, alone.resident_bytes, alone.flags)
                         continue
                     kept = [bool(rt.unit(layer, i).flags & runtime.UNIT_LAYER_INPUT)
                             for i in range(n)]
@@ -430,6 +443,36 @@ def test_group_rows_fall_back_together_beyond_the_declared_load(tiny_blob):
             rt.select(0, 1, 10, 4 << 20, group_rows=["a"])
         with pytest.raises(ValueError):
             rt.select(0, 1, 10, 4 << 20, group_rows=[2 ** 32])
+
+
+def test_a_rank_below_the_groups_most_saves_within_its_exposure(tiny_blob):
+    """Step 8 (docs/runtime.md, "The group's slowest rank"): a layer takes as
+    long as the group's slowest rank, so a rank with fewer rows than the
+    group's most saves the most its own table offers within the exposed time
+    of the decision it would get at the most rows; from the table by hand."""
+    moved = 0
+    with Runtime(tiny_blob) as rt:
+        for stage, layer in ((0, 1), (1, 6)):
+            fit = rt.group(layer).fit_rows
+            most, mine = fit, fit // 4
+            for free in range(1 << 20, 12 << 20, 1 << 16):
+                alone = rt.select(stage, layer, mine, free)
+                top = rt.select(stage, layer, most, free)
+                p = rt.select(stage, layer, mine, free, group_rows=[most, mine])
+                assert not p.group_fallback and p.bucket == alone.bucket
+                t = rt.table(layer, alone.bucket)
+                pts = [rt.point(layer, alone.bucket, i) for i in range(t.n_points)]
+                at = [q.plan for q in pts].index(alone.plan)
+                to = at
+                if not alone.over_budget:
+                    while to + 1 < len(pts) and pts[to + 1].exposed_us <= top.exposed_us:
+                        to += 1
+                assert p.plan == pts[to].plan
+                assert p.group_slack == (to != at)
+                assert p.resident_bytes <= alone.resident_bytes <= alone.avail_bytes or \
+                    alone.over_budget
+                moved += to != at
+    assert moved > 0, "some free memory leaves the most loaded rank more exposed"
 
 
 def test_argument_types_and_ranges_are_checked(tiny_blob):
