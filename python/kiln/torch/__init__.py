@@ -255,7 +255,7 @@ class Manager:
         self.stats = dict(decisions=0, kept=0, recomputed=0, offloaded=0, over_budget=0,
                           load_beyond=0, offloaded_bytes=0, recomputed_bytes=0,
                           resident_checks=0, saved_tensors=0, router_offloads=0, templated_restores=0,
-                          group_fallback=0, group_offloads=0, decide_s=0.0)
+                          group_fallback=0, group_offloads=0, group_slack=0, decide_s=0.0)
         self._params = set()
         self._free_fn = free_bytes_fn
         self._templates = {}  # template id -> unit indices of its reloads, in start order
@@ -461,6 +461,7 @@ class Manager:
         self.stats["over_budget"] += plan.over_budget
         self.stats["load_beyond"] += plan.load_beyond
         self.stats["group_fallback"] += plan.group_fallback
+        self.stats["group_slack"] += plan.group_slack
         self.stats["decide_s"] += time.perf_counter() - t0
         return plan
 
