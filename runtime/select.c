@@ -259,11 +259,20 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 		 * takes as long as the group's slowest rank, so exposed time up
 		 * to what the group's most loaded rank takes costs the group
 		 * nothing. That rank's decision, by steps 3 to 7 at its rows
-		 * with this rank's memory, bounds the exposure; this rank saves
-		 * the most it can within it. */
+		 * with this rank's free memory, bounds the exposure; this rank
+		 * saves the most it can within it. */
 		uint64_t n2, a2;
 		size_t to = (size_t)L->set * nb + bucket_of(rt, L->set, group_max);
-		uint32_t p2 = choose_point(rt, st, L, to, &c, &n2, &a2);
+		select_budget c2 = c;
+		/* That rank's micro-batch is taken to hold its fair share
+		 * through the earlier layers: what this rank's holds beyond it
+		 * is this rank's own history, not the group's (it counts as
+		 * free there). */
+		double fh = c.share_scale * (double)(L->head_steady_bytes - L->steady_bytes);
+		double f2 = (double)free_bytes + (double)held_self - fh;
+		c2.held_self = fh > 0 ? (fh < 1.8e19 ? (uint64_t)fh : UINT64_MAX) : 0;
+		c2.free_bytes = f2 > 0 ? (f2 < 1.8e19 ? (uint64_t)f2 : UINT64_MAX) : 0;
+		uint32_t p2 = choose_point(rt, st, L, to, &c2, &n2, &a2);
 		const kiln_blob_table *t2 = &rt->tables[to];
 		float bound =
 		    rt->points[t2->first_point + (p2 < t2->n_points ? p2 : t2->n_points - 1)]
