@@ -73,7 +73,8 @@ typedef struct layer_run {
 	int32_t n_rows;                  /* received rows */
 	uint32_t group_rows[TR_EP];      /* rows every rank of the EP group receives */
 	uint64_t resident_bytes;         /* kiln's bound on the units the plan keeps */
-	uint32_t plan_flags;             /* KILN_PLAN_*; the bound holds without them */
+	uint32_t plan_flags;             /* KILN_PLAN_*; the bound holds without them
+	                                    (GROUP_SLACK aside) */
 } layer_run;
 
 typedef struct layer_params {
@@ -929,8 +930,10 @@ static void layer_forward(trainer *tr, uint32_t mb, int li, const float *x, floa
 		r->u[u].p = NULL;
 		r->u[u].state = UNIT_OFFLOADED;
 	}
-	/* What the plan keeps is within what kiln said it would keep. */
-	if (tr->opt.policy == POLICY_KILN && !r->plan_flags) {
+	/* What the plan keeps is within what kiln said it would keep (the bound
+	 * holds without OVER_BUDGET, LOAD_BEYOND and GROUP_FALLBACK; step 8's
+	 * GROUP_SLACK only saves more). */
+	if (tr->opt.policy == POLICY_KILN && !(r->plan_flags & ~(uint32_t)KILN_PLAN_GROUP_SLACK)) {
 		uint64_t kept = 0;
 		for (int u = 0; u < TR_NU; u++)
 			kept += r->u[u].state == UNIT_HELD ? r->u[u].bytes : 0;
