@@ -265,7 +265,7 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 		size_t to = (size_t)L->set * nb + bucket_of(rt, L->set, group_max);
 		select_budget c2 = c;
 		/* That rank's micro-batch is taken to hold its fair share
-		 * through the earlier layers: what this rank's holds beyond it
+		 * through the earlier layers: what this rank's micro-batch holds beyond it
 		 * is this rank's own history, not the group's (it counts as
 		 * free there). */
 		double fh = c.share_scale * (double)(L->head_steady_bytes - L->steady_bytes);
