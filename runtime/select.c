@@ -25,6 +25,13 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
 	return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
 }
 
+/* A byte count computed in double, as uint64_t: 0 below 0 (and for NaN),
+ * UINT64_MAX past 1.8e19 (no cast out of range). */
+static uint64_t sat_bytes(double x)
+{
+	return x > 0 ? (x < 1.8e19 ? (uint64_t)x : UINT64_MAX) : 0;
+}
+
 /* The group's mode (docs/runtime.md, "Beyond the declared load"): 1 when
  * the query carries the EP group's rows and some rank of the group has more
  * rows at this layer than the set's fit_rows, so that every rank of the
@@ -110,7 +117,7 @@ static inline uint32_t choose_point(const kiln_rt *rt, const kiln_blob_stage *st
 	        : (double)L->steady_bytes;
 	double fair = c->share_scale * ((double)(L->head_steady_bytes - L->steady_bytes) + part) -
 	              (double)c->held_self;
-	uint64_t share = fair > 0 ? (fair < 1.8e19 ? (uint64_t)fair : UINT64_MAX) : 0;
+	uint64_t share = sat_bytes(fair);
 	*need = *avail = 0;
 	for (int pass = 0; pass < 3; pass++) {
 		if (pass == 2 && !c->pending)
@@ -148,13 +155,16 @@ static inline uint32_t choose_point(const kiln_rt *rt, const kiln_blob_stage *st
 }
 
 /* The bucket of rows in set S (load rounds up: the first bucket whose
- * largest row count holds rows; the last past it). */
-static inline uint32_t bucket_of(const kiln_rt *rt, uint32_t set, uint64_t rows)
+ * largest row count holds rows; the last past it, with LOAD_BEYOND added
+ * to *flags). */
+static inline uint32_t bucket_of(const kiln_rt *rt, uint32_t set, uint64_t rows, uint32_t *flags)
 {
 	uint32_t nb = rt->meta->n_buckets;
 	const kiln_blob_bucket *bk = &rt->buckets[(size_t)set * nb];
-	if (rows > bk[nb - 1].max_rows)
+	if (rows > bk[nb - 1].max_rows) {
+		*flags |= KILN_PLAN_LOAD_BEYOND;
 		return nb - 1;
+	}
 	/* An index into the set's lookup table, one entry early, then a short
 	 * scan (open.c, build_lut). */
 	uint32_t j = (uint32_t)((double)rows * rt->bucket_scale[set]);
@@ -194,9 +204,7 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	double lf = 0;
 	if (S->balanced_rows) {
 		lf = (double)rows / (double)S->balanced_rows;
-		b = bucket_of(rt, L->set, rows);
-		if (rows > rt->buckets[(size_t)L->set * nb + nb - 1].max_rows)
-			flags |= KILN_PLAN_LOAD_BEYOND;
+		b = bucket_of(rt, L->set, rows, &flags);
 	}
 
 	/* Free memory, and what must stay free for later work: the floor of
@@ -262,16 +270,17 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 		 * with this rank's free memory, bounds the exposure; this rank
 		 * saves the most it can within it. */
 		uint64_t n2, a2;
-		size_t to = (size_t)L->set * nb + bucket_of(rt, L->set, group_max);
+		uint32_t beyond2 = 0; /* the most loaded rank's flag, not this rank's */
+		size_t to = (size_t)L->set * nb + bucket_of(rt, L->set, group_max, &beyond2);
 		select_budget c2 = c;
 		/* That rank's micro-batch is taken to hold its fair share
-		 * through the earlier layers: what this rank's micro-batch holds beyond it
-		 * is this rank's own history, not the group's (it counts as
-		 * free there). */
+		 * through the earlier layers: what this rank's micro-batch
+		 * holds beyond it is this rank's own history, not the group's
+		 * (it counts as free there). */
 		double fh = c.share_scale * (double)(L->head_steady_bytes - L->steady_bytes);
 		double f2 = (double)free_bytes + (double)held_self - fh;
-		c2.held_self = fh > 0 ? (fh < 1.8e19 ? (uint64_t)fh : UINT64_MAX) : 0;
-		c2.free_bytes = f2 > 0 ? (f2 < 1.8e19 ? (uint64_t)f2 : UINT64_MAX) : 0;
+		c2.held_self = sat_bytes(fh);
+		c2.free_bytes = sat_bytes(f2);
 		uint32_t p2 = choose_point(rt, st, L, to, &c2, &n2, &a2);
 		const kiln_blob_table *t2 = &rt->tables[to];
 		float bound =

@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -313,4 +314,12 @@ void kt_slow(void)
 		cr_skip_test(
 		    "slow: the quick tier (KILN_TEST_TIER=quick) skips it; make test runs it");
 	cr_assert_fail("KILN_TEST_TIER is quick or full (or unset: full), got '%s'", tier);
+}
+
+double kt_fair_scale(const kiln_rt_stage_info *si)
+{
+	double want = ceil(si->inflight < 1 ? 1 : si->inflight) * (double)si->steady_bytes;
+	double room =
+	    (double)si->capacity_bytes - (double)si->static_bytes - (double)si->transient_bytes;
+	return want <= 0 ? 1 : room > 0 ? room / want : 0;
 }

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "ir/ir.h"
+#include "kiln/runtime.h"
 #include "passes/passes.h"
 
 /* Result of running kilnc: exit status (or -1 when it did not exit
@@ -83,6 +84,12 @@ const struct kiln_compilation *kt_compiled(const char *rel, int solver, bool no_
  * exact simulations, trainer runs of many steps, exhaustive loops over a
  * blob's bytes. It may also be called first thing in a test's body. */
 void kt_slow(void);
+
+/* The runtime's fair scale of a stage (docs/runtime.md, step 5), by its
+ * formula from the public stage figures: the room (capacity less static
+ * less transient) over the in-flight micro-batches (ceil) at the steady
+ * bytes; 1 without steady bytes, 0 without room. */
+double kt_fair_scale(const kiln_rt_stage_info *si);
 
 /* Lowers m into a new arena (*arena, the caller frees it) and asserts the
  * graph verifies. */

@@ -225,8 +225,7 @@ static uint64_t rnd64(void)
  * whose exposed time is within that of the decision the same query gets
  * at most's rows alone, with this micro-batch's held bytes at their fair
  * share through the earlier layers (the rest free); GROUP_SLACK when it
- * moved. *want starts as alone
- * (the counts zeroed). */
+ * moved. *want starts as alone (the counts zeroed). */
 static void slack_expected(const kiln_rt *rt, const kiln_query *q, const kiln_plan *alone,
                            uint64_t most, kiln_plan *want)
 {
@@ -236,15 +235,11 @@ static void slack_expected(const kiln_rt *rt, const kiln_query *q, const kiln_pl
 	if (!li.moe || most <= q->total_rows || (alone->flags & KILN_PLAN_OVER_BUDGET))
 		return;
 	/* The most loaded rank's micro-batch is taken to hold its fair share
-	 * through the earlier layers (the fair scale by its formula, as in
-	 * tests/test_runtime.c), the rest of this rank's held bytes free. */
+	 * through the earlier layers (kt_fair_scale), the rest of this rank's
+	 * held bytes free. */
 	kiln_rt_stage_info si;
 	cr_assert_eq(kiln_rt_stage_get(rt, q->stage, &si), 0);
-	double wanted = ceil(si.inflight < 1 ? 1 : si.inflight) * (double)si.steady_bytes;
-	double room =
-	    (double)si.capacity_bytes - (double)si.static_bytes - (double)si.transient_bytes;
-	double share_scale = wanted <= 0 ? 1 : room > 0 ? room / wanted : 0;
-	double fh = share_scale * (double)(li.head_steady_bytes - li.steady_bytes);
+	double fh = kt_fair_scale(&si) * (double)(li.head_steady_bytes - li.steady_bytes);
 	double f2 = (double)q->free_bytes + (double)q->held_bytes - fh;
 	kiln_query q2 = *q;
 	q2.total_rows = most;

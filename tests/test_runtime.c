@@ -563,14 +563,10 @@ static brute brute_select(const kiln_rt *rt, const kiln_query *q, uint64_t rows)
 	}
 	kiln_rt_table_info ti;
 	kiln_rt_table_get(rt, q->layer, r.bucket, &ti);
-	/* The fair scale: the room (capacity less static less transient)
-	 * over the in-flight micro-batches (ceil) at the steady bytes. The
-	 * share is that fraction of the room, above 1 or below; the room kept
-	 * for pending micro-batches shrinks with it but never grows. */
-	double want = ceil(si.inflight < 1 ? 1 : si.inflight) * (double)si.steady_bytes;
-	double room =
-	    (double)si.capacity_bytes - (double)si.static_bytes - (double)si.transient_bytes;
-	double share_scale = want <= 0 ? 1 : room > 0 ? room / want : 0;
+	/* The fair scale (kt_fair_scale). The share is that fraction of the
+	 * room, above 1 or below; the room kept for pending micro-batches
+	 * shrinks with it but never grows. */
+	double share_scale = kt_fair_scale(&si);
 	double scale = share_scale < 1 ? share_scale : 1;
 	double steady = floor((double)si.steady_bytes * scale);
 	double roomy = steady > (double)si.floor_bytes ? steady : (double)si.floor_bytes;
