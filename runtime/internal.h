@@ -30,6 +30,18 @@ static inline uint32_t kiln_rti_inflight(const kiln_blob_stage *st)
 	return n ? n : 1;
 }
 
+/* Saturating byte arithmetic: UINT64_MAX where the exact result is not
+ * representable, so that a corrupt or huge size never wraps to a small one. */
+static inline uint64_t kiln_rti_sat_add(uint64_t a, uint64_t b)
+{
+	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static inline uint64_t kiln_rti_sat_mul(uint64_t a, uint64_t b)
+{
+	return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
 /* crc32c.c */
 
 /* CRC32C (Castagnoli, reflected polynomial 0x82F63B78) of len bytes,

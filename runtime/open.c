@@ -376,11 +376,6 @@ static int check_tables(const kiln_rt *rt, uint32_t *src, uint32_t *scratch)
 	return next == rt->count[KILN_SEC_POINTS] ? 0 : KILN_RT_ECORRUPT;
 }
 
-static uint64_t sat_add(uint64_t a, uint64_t b)
-{
-	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
-}
-
 /* GROUPS (1.1 on; docs/blob-format.md, "Groups"): one record per set, in
  * set order; a record names no plan and is otherwise zero, or names a plan
  * over the units of its set, which is an MoE set, with bytes that are
@@ -420,10 +415,10 @@ static int check_groups(const kiln_rt *rt)
 		for (uint32_t u = 0; u < s->n_units; u++) {
 			const kiln_blob_unit *un = &rt->units[s->first_unit + u];
 			int kept = act[u] == KILN_RT_KEEP;
-			rb = kept ? sat_add(rb, un->base_bytes) : rb;
-			rp = kept ? sat_add(rp, un->per_row_bytes) : rp;
-			sb = kept ? sb : sat_add(sb, un->base_bytes);
-			sp = kept ? sp : sat_add(sp, un->per_row_bytes);
+			rb = kept ? kiln_rti_sat_add(rb, un->base_bytes) : rb;
+			rp = kept ? kiln_rti_sat_add(rp, un->per_row_bytes) : rp;
+			sb = kept ? sb : kiln_rti_sat_add(sb, un->base_bytes);
+			sp = kept ? sp : kiln_rti_sat_add(sp, un->per_row_bytes);
 		}
 		if (rb != g->resident_base_bytes || rp != g->resident_per_row_bytes ||
 		    sb != g->saved_base_bytes || sp != g->saved_per_row_bytes ||

@@ -15,16 +15,6 @@ static const kiln_blob_layer *layer_of(const kiln_rt *rt, int32_t model_layer)
 	return i < 0 ? NULL : &rt->layers[i];
 }
 
-static uint64_t sat_add(uint64_t a, uint64_t b)
-{
-	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
-}
-
-static uint64_t sat_mul(uint64_t a, uint64_t b)
-{
-	return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
-}
-
 /* A byte count computed in double, as uint64_t: 0 below 0 (and for NaN),
  * UINT64_MAX past 1.8e19 (no cast out of range). */
 static uint64_t sat_bytes(double x)
@@ -67,21 +57,25 @@ static void group_substitute(const kiln_rt *rt, const kiln_blob_set *S, const ki
                              uint64_t rows, uint64_t stage_transient, kiln_plan *out)
 {
 	const kiln_blob_plan *pl = &rt->plans[g->plan];
-	uint64_t res = sat_add(g->resident_base_bytes, sat_mul(g->resident_per_row_bytes, rows));
-	uint64_t tr = sat_add(g->transient_base_bytes, sat_mul(g->transient_per_row_bytes, rows));
+	uint64_t res = kiln_rti_sat_add(g->resident_base_bytes,
+	                                kiln_rti_sat_mul(g->resident_per_row_bytes, rows));
+	uint64_t tr = kiln_rti_sat_add(g->transient_base_bytes,
+	                               kiln_rti_sat_mul(g->transient_per_row_bytes, rows));
 	out->actions = rt->actions + pl->actions;
 	out->n_units = (int32_t)S->n_units;
 	out->plan = (int32_t)g->plan;
 	out->template_id = pl->template_id == KILN_BLOB_NONE ? -1 : (int32_t)pl->template_id;
 	out->resident_bytes = res;
-	out->saved_bytes = sat_add(g->saved_base_bytes, sat_mul(g->saved_per_row_bytes, rows));
+	out->saved_bytes =
+	    kiln_rti_sat_add(g->saved_base_bytes, kiln_rti_sat_mul(g->saved_per_row_bytes, rows));
 	out->transient_bytes = tr;
 	/* Finite and >= 0 (open checks both terms); past FLT_MAX a float
 	 * conversion would be undefined. */
 	double ex = g->exposed_base_us + g->exposed_per_row_us * (double)rows;
 	out->exposed_us = ex < 3.0e38 ? (float)ex : 3.0e38f;
 	out->flags = (out->flags & KILN_PLAN_LOAD_BEYOND) | KILN_PLAN_GROUP_FALLBACK;
-	if (sat_add(res, tr > stage_transient ? tr - stage_transient : 0) > out->avail_bytes)
+	if (kiln_rti_sat_add(res, tr > stage_transient ? tr - stage_transient : 0) >
+	    out->avail_bytes)
 		out->flags |= KILN_PLAN_OVER_BUDGET;
 }
 
@@ -122,8 +116,8 @@ static inline uint32_t choose_point(const kiln_rt *rt, const kiln_blob_stage *st
 	for (int pass = 0; pass < 3; pass++) {
 		if (pass == 2 && !c->pending)
 			break;
-		uint64_t reserve =
-		    sat_add(c->base, sat_mul(c->pending, pass == 2 ? st->floor_bytes : c->roomy));
+		uint64_t reserve = kiln_rti_sat_add(
+		    c->base, kiln_rti_sat_mul(c->pending, pass == 2 ? st->floor_bytes : c->roomy));
 		*avail = c->free_bytes > reserve ? c->free_bytes - reserve : 0;
 		if (pass == 0 && *avail > share)
 			*avail = share;
@@ -241,7 +235,7 @@ int kiln_rt_select(const kiln_rt *rt, const kiln_query *q, kiln_plan *out)
 	 *    safe. */
 	select_budget c = {.free_bytes = free_bytes,
 	                   .held_self = held_self,
-	                   .base = sat_add(L->tail_floor_bytes, st->transient_bytes),
+	                   .base = kiln_rti_sat_add(L->tail_floor_bytes, st->transient_bytes),
 	                   .pending = pending,
 	                   /* The fair scale (open.c, fair_scale): the share is an
 	                    * n-th of the room; the room kept for pending
@@ -414,7 +408,7 @@ int kiln_rt_unit_get(const kiln_rt *rt, int32_t model_layer, int32_t unit, kiln_
 uint64_t kiln_rt_unit_bytes(const kiln_rt *rt, int32_t model_layer, int32_t unit, uint64_t rows)
 {
 	const kiln_blob_unit *u = rt ? unit_of(rt, model_layer, unit) : NULL;
-	return u ? sat_add(u->base_bytes, sat_mul(u->per_row_bytes, rows)) : 0;
+	return u ? kiln_rti_sat_add(u->base_bytes, kiln_rti_sat_mul(u->per_row_bytes, rows)) : 0;
 }
 
 /* ---------------------------------------------------------------- templates */
