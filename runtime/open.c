@@ -451,9 +451,7 @@ static void build_lut(const void *base, size_t stride, size_t off, int wide, uin
 	uint64_t q = last >> shift, r = last & (slots - 1);
 	uint32_t i = 0;
 	for (uint32_t j = 0; j <= slots; j++) {
-		uint64_t low = j && q > UINT64_MAX / j ? UINT64_MAX : q * j;
-		uint64_t rest = ((r + 1) * j) >> shift;
-		low = low > UINT64_MAX - rest ? UINT64_MAX : low + rest;
+		uint64_t low = kiln_rti_sat_add(kiln_rti_sat_mul(q, j), ((r + 1) * j) >> shift);
 		for (;;) {
 			uint64_t v;
 			if (wide) {
